@@ -1,0 +1,53 @@
+"""probtorch: Bayesian models as Python functions on PyTorch 2, fit with compiled NUTS and SVI.
+
+Example::
+
+    >>> import torch
+    >>> import probtorch as pt
+    >>> import probtorch.distributions as dist
+    >>> def model(y):
+    ...     mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+    ...     with pt.plate("data", len(y)):
+    ...         pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+    >>> tr = pt.handlers.trace(pt.handlers.seed(model, rng_seed=0)).get_trace(torch.zeros(3))
+    >>> list(tr)
+    ['mu', 'data', 'y']
+"""
+
+from . import distributions, handlers
+from .params import ParamStore, get_param_store, param_scope
+from .primitives import (
+    RandomnessError,
+    deterministic,
+    factor,
+    module,
+    param,
+    plate,
+    sample,
+    subsample,
+)
+from .runtime import Message, Messenger, apply_stack
+from .validation import enable_validation, is_validation_enabled
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "sample",
+    "param",
+    "plate",
+    "deterministic",
+    "factor",
+    "module",
+    "subsample",
+    "handlers",
+    "distributions",
+    "Messenger",
+    "Message",
+    "apply_stack",
+    "ParamStore",
+    "get_param_store",
+    "param_scope",
+    "RandomnessError",
+    "enable_validation",
+    "is_validation_enabled",
+]

@@ -1,0 +1,20 @@
+"""``probtorch.distributions``: the one namespace for distributions.
+
+Every family of ``torch.distributions`` and ``pyro.distributions`` under Pyro's names and
+signatures (with ``.to_event``, ``.mask``, ``.expand``, ``.expand_by``), plus constraints,
+transforms and ``biject_to``.
+
+Example::
+
+    >>> import probtorch.distributions as dist
+    >>> float(dist.Normal(0.0, 1.0).log_prob(torch.tensor(0.0)))  # doctest: +ELLIPSIS
+    -0.918938...
+"""
+
+import pyro.distributions as _pyro_dist
+import torch  # noqa: F401  (for the docstring example)
+from pyro.distributions import *  # noqa: F403
+from pyro.distributions import constraints, transforms  # noqa: F401
+from torch.distributions import biject_to, transform_to  # noqa: F401
+
+__all__ = list(_pyro_dist.__all__) + ["constraints", "transforms", "biject_to", "transform_to"]

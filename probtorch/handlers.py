@@ -1,0 +1,464 @@
+"""Effect handlers: lower-case classes usable as decorators and context managers.
+
+``handler(model, ...)`` returns a callable model; ``with handler(...):`` applies it to a
+block. Each handler overrides one or two ``Messenger`` methods.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Iterable
+
+import torch
+
+from .runtime import Message, Messenger, apply_stack
+from .validation import check_sample_site, is_validation_enabled
+
+__all__ = [
+    "Trace",
+    "trace",
+    "seed",
+    "substitute",
+    "condition",
+    "block",
+    "replay",
+    "scale",
+    "mask",
+    "do",
+    "reparam",
+]
+
+
+def site_log_prob(site: Message, apply_scale: bool = True) -> torch.Tensor:
+    """Log density of one sample site, broadcast over its plates, masked and scaled."""
+    log_prob = site.fn.log_prob(site.value)
+    if site.mask is not None and site.mask is not True:
+        mask = site.mask
+        if mask is False:
+            log_prob = torch.zeros_like(log_prob)
+        else:
+            log_prob = torch.where(mask, log_prob, torch.zeros((), dtype=log_prob.dtype))
+    if apply_scale and site.scale is not None:
+        log_prob = site.scale * log_prob
+    return log_prob
+
+
+class Trace(OrderedDict):
+    """An ordered record ``name -> Message`` of one run of a model.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     with pt.plate("data", 3):
+        ...         pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.zeros(3))
+        >>> tr = pt.handlers.trace(model).get_trace()
+        >>> tr.log_densities()["y"].shape
+        torch.Size([3])
+    """
+
+    def sample_sites(self, observed: bool | None = None) -> dict[str, Message]:
+        return {
+            name: site
+            for name, site in self.items()
+            if site.type == "sample" and (observed is None or site.is_observed == observed)
+        }
+
+    def compute_log_prob(self) -> None:
+        """Store ``site.log_prob`` on every sample site (masked, scaled)."""
+        for site in self.sample_sites().values():
+            if site.log_prob is None:
+                site.log_prob = site_log_prob(site)
+
+    def log_densities(self) -> dict[str, torch.Tensor]:
+        """Per-site log densities, broadcast over plates, masked and scaled."""
+        self.compute_log_prob()
+        return {name: site.log_prob for name, site in self.sample_sites().items()}
+
+    def log_prob_sum(self) -> torch.Tensor:
+        """The log joint density of the trace: the sum over all sample sites."""
+        total = None
+        for log_prob in self.log_densities().values():
+            term = log_prob.sum()
+            total = term if total is None else total + term
+        return torch.zeros(()) if total is None else total
+
+    def log_likelihood(self) -> dict[str, torch.Tensor]:
+        """Pointwise log likelihood of the observed sites (masked, not scaled)."""
+        return {
+            name: site_log_prob(site, apply_scale=False)
+            for name, site in self.sample_sites(observed=True).items()
+            if not site.infer.get("is_auxiliary", False)
+        }
+
+    @property
+    def nodes(self) -> Trace:
+        """Pyro's spelling: ``trace.nodes[name]["value"]``."""
+        return self
+
+
+class trace(Messenger):
+    """Record every site of a run in a :class:`Trace`.
+
+    Sample sites are checked eagerly (distribution parameters, observed shapes and
+    support) while validation is enabled (:func:`probtorch.enable_validation`).
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("x", dist.Normal(0.0, 1.0))
+        >>> tr = pt.handlers.trace(pt.handlers.seed(model, rng_seed=0)).get_trace()
+        >>> list(tr)
+        ['x']
+    """
+
+    def __init__(self, fn: Callable | None = None):
+        super().__init__(fn)
+        self.trace = Trace()
+
+    def __enter__(self):
+        super().__enter__()
+        self.trace = Trace()
+        return self.trace
+
+    def postprocess_message(self, msg: Message) -> None:
+        if msg.name in self.trace:
+            if msg.type == "plate" and self.trace[msg.name].type == "plate":
+                return  # one plate entered several times
+            raise ValueError(
+                f"two sites are named {msg.name!r} ({self.trace[msg.name].type} and "
+                f"{msg.type}); site names must be unique within one run of the model"
+            )
+        if msg.type == "sample" and is_validation_enabled():
+            check_sample_site(msg)
+        self.trace[msg.name] = msg
+
+    def get_trace(self, *args, **kwargs) -> Trace:
+        self(*args, **kwargs)
+        return self.trace
+
+
+class seed(Messenger):
+    """Give the model random numbers from torch's generator, seeded with ``rng_seed``.
+
+    The global RNG state is saved on entry and restored on exit, so a seeded model is
+    reproducible and does not disturb the caller's random stream.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.sample("x", dist.Normal(0.0, 1.0))
+        >>> bool(pt.handlers.seed(model, 3)() == pt.handlers.seed(model, 3)())
+        True
+    """
+
+    def __init__(self, fn: Callable | None = None, rng_seed: int | None = None):
+        if rng_seed is None and fn is not None and not callable(fn):
+            fn, rng_seed = None, fn
+        if rng_seed is None:
+            raise ValueError("seed needs an integer rng_seed")
+        super().__init__(fn)
+        self.rng_seed = int(rng_seed)
+        self._saved: list = []
+
+    def __enter__(self):
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._saved.append(
+            (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
+        )
+        torch.manual_seed(self.rng_seed)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        cpu_state, cuda_state = self._saved.pop()
+        torch.random.set_rng_state(cpu_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
+        return super().__exit__(*exc)
+
+    def process_message(self, msg: Message) -> None:
+        msg.extra["seeded"] = True
+
+
+class substitute(Messenger):
+    """Replace the values of latent sample sites and params by ``data[name]``.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.sample("x", dist.Normal(0.0, 1.0))
+        >>> float(pt.handlers.substitute(model, data={"x": torch.tensor(0.5)})())
+        0.5
+    """
+
+    def __init__(
+        self,
+        fn: Callable | None = None,
+        data: dict | None = None,
+        substitute_fn: Callable[[Message], torch.Tensor | None] | None = None,
+    ):
+        super().__init__(fn)
+        if (data is None) == (substitute_fn is None):
+            raise ValueError("substitute needs exactly one of data= or substitute_fn=")
+        self.data = data
+        self.substitute_fn = substitute_fn
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type not in ("sample", "param", "plate") or msg.is_observed:
+            return
+        if self.data is not None:
+            value = self.data.get(msg.name)
+        else:
+            value = self.substitute_fn(msg)
+        if value is not None:
+            msg.value = value
+
+
+class condition(Messenger):
+    """Observe sample sites at ``data[name]``: they become likelihood terms.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.sample("x", dist.Normal(0.0, 1.0))
+        >>> tr = pt.handlers.trace(pt.handlers.condition(model, {"x": torch.tensor(1.0)})).get_trace()
+        >>> tr["x"].is_observed
+        True
+    """
+
+    def __init__(self, fn: Callable | None = None, data: dict | None = None):
+        super().__init__(fn)
+        self.data = {} if data is None else data
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "sample" or msg.name not in self.data:
+            return
+        value = self.data[msg.name]
+        msg.value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        msg.is_observed = True
+
+
+class block(Messenger):
+    """Hide sites from the handlers outside this one (all sites unless told otherwise).
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("a", dist.Normal(0.0, 1.0))
+        ...     pt.sample("b", dist.Normal(0.0, 1.0))
+        >>> seeded = pt.handlers.seed(model, rng_seed=0)
+        >>> list(pt.handlers.trace(pt.handlers.block(seeded, hide=["a"])).get_trace())
+        ['b']
+    """
+
+    def __init__(
+        self,
+        fn: Callable | None = None,
+        hide_fn: Callable[[Message], bool] | None = None,
+        hide: Iterable[str] | None = None,
+        expose: Iterable[str] | None = None,
+        hide_types: Iterable[str] | None = None,
+        expose_types: Iterable[str] | None = None,
+    ):
+        super().__init__(fn)
+        if hide_fn is not None:
+            self.hide_fn = hide_fn
+        elif hide is not None:
+            hidden = set(hide)
+            self.hide_fn = lambda msg: msg.name in hidden
+        elif expose is not None:
+            exposed = set(expose)
+            self.hide_fn = lambda msg: msg.name not in exposed
+        elif hide_types is not None:
+            hidden_types = set(hide_types)
+            self.hide_fn = lambda msg: msg.type in hidden_types
+        elif expose_types is not None:
+            exposed_types = set(expose_types)
+            self.hide_fn = lambda msg: msg.type not in exposed_types
+        else:
+            self.hide_fn = lambda msg: True
+
+    def process_message(self, msg: Message) -> None:
+        if self.hide_fn(msg):
+            msg.stop = True
+
+
+class replay(Messenger):
+    """Give latent sample sites (and plate indices) the values recorded in ``trace``.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.sample("x", dist.Normal(0.0, 1.0))
+        >>> tr = pt.handlers.trace(pt.handlers.seed(model, rng_seed=1)).get_trace()
+        >>> bool(pt.handlers.replay(model, trace=tr)() == tr["x"].value)
+        True
+    """
+
+    def __init__(self, fn: Callable | None = None, trace: Trace | None = None):
+        super().__init__(fn)
+        if trace is None:
+            raise ValueError("replay needs a trace")
+        self.trace = trace
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type not in ("sample", "plate") or msg.is_observed or msg.name not in self.trace:
+            return
+        guide_site = self.trace[msg.name]
+        if guide_site.type != msg.type:
+            raise ValueError(
+                f"replay: site {msg.name!r} is a {msg.type} site in the model but a "
+                f"{guide_site.type} site in the replayed trace"
+            )
+        msg.value = guide_site.value
+
+
+def _check_scale(scale) -> None:
+    if isinstance(scale, torch.Tensor):
+        if not bool(torch.all(scale > 0)):
+            raise ValueError(f"scale must be positive, got a tensor with values {scale}")
+    elif not scale > 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+
+
+class scale(Messenger):
+    """Multiply the log densities of sample sites by ``scale`` (e.g. a minibatch factor).
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
+        >>> tr = pt.handlers.trace(pt.handlers.scale(model, scale=2.0)).get_trace()
+        >>> round(float(tr.log_prob_sum()), 4)
+        -1.8379
+    """
+
+    def __init__(self, fn: Callable | None = None, scale: float | torch.Tensor = 1.0):
+        super().__init__(fn)
+        _check_scale(scale)
+        self.scale = scale
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type == "sample":
+            msg.scale = self.scale if msg.scale is None else self.scale * msg.scale
+
+
+class mask(Messenger):
+    """Zero the log densities of sample sites where ``mask`` is False.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     with pt.plate("data", 2):
+        ...         pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.zeros(2))
+        >>> tr = pt.handlers.trace(pt.handlers.mask(model, mask=torch.tensor([True, False]))).get_trace()
+        >>> tr.log_densities()["y"][1].item()
+        0.0
+    """
+
+    def __init__(self, fn: Callable | None = None, mask: bool | torch.Tensor = True):
+        super().__init__(fn)
+        if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor, got dtype {mask.dtype}")
+        self.mask = mask
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "sample":
+            return
+        if msg.mask is None:
+            msg.mask = self.mask
+        elif isinstance(msg.mask, bool) and isinstance(self.mask, bool):
+            msg.mask = msg.mask and self.mask
+        else:
+            msg.mask = torch.as_tensor(msg.mask) & torch.as_tensor(self.mask)
+
+
+class do(Messenger):
+    """Intervene: set sample sites to ``data[name]`` and cut their dependence on parents.
+
+    The site ``name`` is still drawn as usual (so its density is unchanged); the
+    intervened value is recorded as the observed site ``f"{name}__CF"`` and is what the
+    rest of the model sees.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     x = pt.sample("x", dist.Normal(0.0, 1.0))
+        ...     return pt.sample("y", dist.Normal(x, 1.0))
+        >>> intervened = pt.handlers.do(model, data={"x": torch.tensor(10.0)})
+        >>> tr = pt.handlers.trace(pt.handlers.seed(intervened, 0)).get_trace()
+        >>> float(tr["y"].fn.loc)
+        10.0
+    """
+
+    def __init__(self, fn: Callable | None = None, data: dict | None = None):
+        super().__init__(fn)
+        self.data = {} if data is None else data
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "sample" or msg.name not in self.data:
+            return
+        # The unintervened site goes on to the outer handlers under its own name.
+        original = msg.copy()
+        apply_stack(original, outside_of=self)
+        value = self.data[msg.name]
+        msg.name = msg.name + "__CF"
+        msg.value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        msg.is_observed = True
+        msg.stop = True
+
+
+class reparam(Messenger):
+    """Rewrite sample sites with a :class:`~probtorch.reparam.Reparam` (non-centering, ...).
+
+    ``config`` maps site names to reparameterizers, or is a callable ``msg -> Reparam|None``.
+    The original site becomes a deterministic site whose value is computed from the new
+    auxiliary sites.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> from probtorch.reparam import LocScaleReparam
+        >>> def model():
+        ...     return pt.sample("x", dist.Normal(1.0, 2.0))
+        >>> m = pt.handlers.reparam(model, config={"x": LocScaleReparam(0.0)})
+        >>> tr = pt.handlers.trace(pt.handlers.seed(m, 0)).get_trace()
+        >>> list(tr), tr["x"].type
+        (['x_decentered', 'x'], 'deterministic')
+    """
+
+    def __init__(self, fn: Callable | None = None, config=None):
+        super().__init__(fn)
+        if config is None:
+            raise ValueError("reparam needs a config: a dict of site names or a callable")
+        self.config = config
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "sample":
+            return
+        if isinstance(self.config, dict):
+            reparameterizer = self.config.get(msg.name)
+        else:
+            reparameterizer = self.config(msg)
+        if reparameterizer is None:
+            return
+        new_fn, value = reparameterizer(msg.name, msg.fn, msg.value if msg.is_observed else None)
+        if value is not None:
+            if new_fn is None:
+                msg.type = "deterministic"
+                msg.fn = None
+                msg.value = value
+                msg.is_observed = False
+                msg.default = None
+                return
+            msg.value = value
+        msg.fn = new_fn

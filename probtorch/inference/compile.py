@@ -1,0 +1,96 @@
+"""The compile switch and compile diagnostics shared by the inference engines.
+
+``compile=None`` anywhere in probtorch means "compile unless the environment variable
+``PROBTORCH_COMPILE`` is ``0``"; ``compile=False`` runs the same functions eagerly, with the
+same results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["compile_enabled", "compile_fn", "CompileStats", "count_compiles"]
+
+_FALSE = {"0", "false", "no", "off"}
+
+
+def compile_enabled(compile: bool | None = None) -> bool:
+    """Resolve a ``compile`` argument: an explicit bool wins, else ``PROBTORCH_COMPILE``.
+
+    Example::
+
+        >>> compile_enabled(False)
+        False
+    """
+    if compile is not None:
+        return bool(compile)
+    return os.environ.get("PROBTORCH_COMPILE", "1").strip().lower() not in _FALSE
+
+
+def _fresh_function(fn: Callable) -> Callable:
+    """A copy of ``fn`` with its own code object.
+
+    Dynamo keeps its cache and its recompile limit per code object. Functions made by one
+    factory share a code object, so the 9th potential built in one process would silently
+    fall back to eager. A fresh code object gives every compiled function its own cache.
+    """
+    code = fn.__code__.replace()
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def compile_fn(fn: Callable, enabled: bool = True) -> Callable:
+    """``torch.compile(fn, fullgraph=True, dynamic=False)`` on a fresh code object, or ``fn``.
+
+    ``fullgraph=True`` turns any graph break into an error, so a compiled path never runs
+    partly eager without anyone noticing.
+    """
+    if not enabled:
+        return fn
+    return torch.compile(_fresh_function(fn), fullgraph=True, dynamic=False)
+
+
+@dataclass
+class CompileStats:
+    """What Dynamo did inside a :func:`count_compiles` block."""
+
+    graph_breaks: int = 0
+    graphs: int = 0  # graphs compiled (first compiles and recompiles)
+    frames: int = 0  # frames Dynamo started to trace
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Count graph breaks and compiled graphs inside the block.
+
+    Example::
+
+        >>> f = compile_fn(lambda x: x.sin() + 1)
+        >>> with count_compiles() as stats:
+        ...     _ = f(torch.zeros(3)); _ = f(torch.ones(3))
+        >>> stats.graph_breaks, stats.graphs
+        (0, 1)
+    """
+    from torch._dynamo.utils import counters
+
+    def snapshot():
+        return (
+            sum(counters["graph_break"].values()),
+            counters["stats"]["unique_graphs"],
+            counters["frames"]["total"],
+        )
+
+    stats = CompileStats()
+    before = snapshot()
+    try:
+        yield stats
+    finally:
+        after = snapshot()
+        stats.graph_breaks = after[0] - before[0]
+        stats.graphs = after[1] - before[1]
+        stats.frames = after[2] - before[2]

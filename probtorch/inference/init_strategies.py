@@ -1,0 +1,118 @@
+"""Initialization strategies: where in constrained space a latent site starts.
+
+A strategy is a callable ``strategy(site) -> value`` applied to each latent sample site
+while the model runs under a ``seed`` handler (so later sites see earlier initial values).
+Called with keyword arguments only, each returns a configured strategy, as in NumPyro:
+``init_to_uniform(radius=1)``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.distributions import biject_to
+
+from ..runtime import Message
+
+__all__ = ["init_to_uniform", "init_to_median", "init_to_sample", "init_to_value"]
+
+
+def _is_latent(site: Message) -> bool:
+    return site.type == "sample" and not site.is_observed and not site.infer.get("is_auxiliary")
+
+
+def _site_shape(site: Message) -> torch.Size:
+    return torch.Size(site.kwargs.get("sample_shape", ())) + site.fn.batch_shape + site.fn.event_shape
+
+
+def init_to_uniform(site: Message | None = None, radius: float = 2.0):
+    """Uniform in ``(-radius, radius)`` in unconstrained space (Stan's default, radius 2).
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> site = pt.Message("sample", "s", dist.HalfNormal(1.0))
+        >>> v = pt.handlers.seed(init_to_uniform, rng_seed=0)(site)
+        >>> bool(torch.exp(torch.tensor(-2.0)) < v < torch.exp(torch.tensor(2.0)))
+        True
+    """
+    if site is None:
+        return functools.partial(init_to_uniform, radius=radius)
+    if not _is_latent(site):
+        return None
+    transform = biject_to(site.fn.support)
+    shape = transform.inverse_shape(_site_shape(site))
+    dtype = _dtype_of(site)
+    u = (torch.rand(shape, dtype=dtype) * 2 - 1) * radius
+    return transform(u)
+
+
+def init_to_median(site: Message | None = None, num_samples: int = 15):
+    """The elementwise median of ``num_samples`` prior draws, taken in unconstrained space.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> site = pt.Message("sample", "m", dist.Normal(3.0, 0.001))
+        >>> round(float(pt.handlers.seed(init_to_median, rng_seed=0)(site)), 2)
+        3.0
+    """
+    if site is None:
+        return functools.partial(init_to_median, num_samples=num_samples)
+    if not _is_latent(site):
+        return None
+    transform = biject_to(site.fn.support)
+    draws = site.fn.sample((num_samples,) + tuple(site.kwargs.get("sample_shape", ())))
+    return transform(transform.inv(draws).median(dim=0).values)
+
+
+def init_to_sample(site: Message | None = None):
+    """One draw from the site's prior.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> site = pt.Message("sample", "p", dist.Beta(2.0, 2.0))
+        >>> v = pt.handlers.seed(init_to_sample, rng_seed=0)(site)
+        >>> bool(0 < v < 1)
+        True
+    """
+    if site is None:
+        return init_to_sample
+    if not _is_latent(site):
+        return None
+    return site.fn.sample(tuple(site.kwargs.get("sample_shape", ())))
+
+
+def init_to_value(site: Message | None = None, values: dict | None = None, radius: float = 2.0):
+    """The given constrained ``values``; other latent sites start ``init_to_uniform``.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> strategy = init_to_value(values={"mu": torch.tensor(1.5)})
+        >>> float(strategy(pt.Message("sample", "mu", dist.Normal(0.0, 1.0))))
+        1.5
+    """
+    if site is None:
+        return functools.partial(init_to_value, values=values, radius=radius)
+    if not _is_latent(site):
+        return None
+    if values is not None and site.name in values:
+        return torch.as_tensor(values[site.name], dtype=_dtype_of(site))
+    return init_to_uniform(site, radius=radius)
+
+
+def _dtype_of(site: Message) -> torch.dtype:
+    """The floating dtype the site's distribution computes in (its mean's dtype)."""
+    fn = site.fn
+    while fn is not None:
+        try:
+            mean = fn.mean
+            if mean.is_floating_point():
+                return mean.dtype
+        except (NotImplementedError, AttributeError, RuntimeError):
+            pass
+        fn = getattr(fn, "base_dist", None)
+    return torch.get_default_dtype()

@@ -1,0 +1,416 @@
+"""From a model and its arguments to a potential energy over one flat unconstrained vector.
+
+The model is traced once, eagerly, with validation on: that trace fixes the latent sites,
+their shapes and their bijections to unconstrained space (``biject_to(support)``). From it
+comes a pure function of ``z`` with shape ``(chains, dim)``::
+
+    potential_energy(z) = -(log p(x, theta(z)) + log |det d theta / d z|)
+
+batched over chains with ``torch.func.vmap``, and its gradient from
+``torch.func.grad_and_value``. Both run under ``torch.compile(fullgraph=True)`` unless
+compilation is switched off (``compile=False`` or ``PROBTORCH_COMPILE=0``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.distributions import biject_to
+
+from ..handlers import Trace, seed, site_log_prob, substitute, trace
+from ..runtime import Message, Messenger
+from ..validation import torch_validation
+from .compile import compile_enabled, compile_fn
+from .init_strategies import init_to_uniform
+
+__all__ = ["LatentSite", "Potential", "initialize_model", "InitializationError"]
+
+
+class InitializationError(RuntimeError):
+    """No finite potential and gradient was found for the initial parameters."""
+
+
+@dataclass(frozen=True)
+class LatentSite:
+    """A continuous latent site: where it sits in the flat vector and its shapes."""
+
+    name: str
+    shape: torch.Size  # constrained value
+    unconstrained_shape: torch.Size
+    offset: int
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.unconstrained_shape)
+
+
+def _is_latent(site: Message) -> bool:
+    return site.type == "sample" and not site.is_observed and not site.infer.get("is_auxiliary")
+
+
+class _Unconstrain(Messenger):
+    """Set latent sites from unconstrained values and accumulate the log |det J| terms.
+
+    The bijection is looked up when the site is reached, so a support that depends on
+    other latents (``Uniform(0, x)``) is handled.
+    """
+
+    def __init__(self, values: dict[str, torch.Tensor], sites: dict[str, LatentSite]):
+        super().__init__()
+        self.values = values
+        self.sites = sites
+        self.log_det = None
+
+    def process_message(self, msg: Message) -> None:
+        if not _is_latent(msg):
+            return
+        if msg.name not in self.values:
+            raise ValueError(
+                f"latent site {msg.name!r} did not appear when the model was first traced; "
+                f"the latent sites of a model must not depend on the values of other sites"
+            )
+        shape = torch.Size(msg.kwargs.get("sample_shape", ())) + msg.fn.batch_shape + msg.fn.event_shape
+        expected = self.sites[msg.name].shape
+        if shape != expected:
+            raise ValueError(
+                f"latent site {msg.name!r} has shape {tuple(shape)} now but had shape "
+                f"{tuple(expected)} when the model was first traced; latent shapes must not "
+                f"depend on the values of other sites"
+            )
+        unconstrained = self.values[msg.name]
+        transform = biject_to(msg.fn.support)
+        value = transform(unconstrained)
+        log_det = transform.log_abs_det_jacobian(unconstrained, value).sum()
+        self.log_det = log_det if self.log_det is None else self.log_det + log_det
+        msg.value = value
+
+
+class _LogJoint(Messenger):
+    """Sum the (masked, scaled) log densities of all sample sites."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = None
+
+    def postprocess_message(self, msg: Message) -> None:
+        if msg.type == "sample":
+            term = site_log_prob(msg).sum()
+            self.total = term if self.total is None else self.total + term
+
+
+class _Record(Messenger):
+    """Keep the values of latent and deterministic sites."""
+
+    def __init__(self):
+        super().__init__()
+        self.values: dict[str, torch.Tensor] = {}
+
+    def postprocess_message(self, msg: Message) -> None:
+        if _is_latent(msg) or msg.type == "deterministic":
+            self.values[msg.name] = msg.value
+
+
+class _Collect(Messenger):
+    """Keep the sample sites of a run, without checks (for diagnosis at bad points)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: list[Message] = []
+
+    def postprocess_message(self, msg: Message) -> None:
+        if msg.type == "sample":
+            self.sites.append(msg)
+
+
+def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
+    """Run the model eagerly under seed and trace, with probtorch's site checks on.
+
+    torch's own construction-time validation is off here so that an invalid parameter is
+    reported by the site check, which can name the site.
+    """
+    fn = seed(model, rng_seed=rng_seed)
+    if substitute_fn is not None:
+        fn = substitute(fn, substitute_fn=substitute_fn)
+    tracer = trace(fn)
+    with torch_validation(False):
+        try:
+            tracer(*args, **kwargs)
+        except Exception as error:
+            if tracer.trace and hasattr(error, "add_note"):
+                last = next(reversed(tracer.trace))
+                error.add_note(f"(raised while running the model, after site {last!r})")
+            raise
+    return tracer.trace
+
+
+class Potential:
+    """The potential energy of a model over a flat unconstrained vector, batched over chains.
+
+    Args:
+        model: the model function.
+        model_args, model_kwargs: arguments for every call of the model.
+        compile: compile the potential and its gradient (default: ``PROBTORCH_COMPILE``).
+        rng_seed: seed for the one eager trace that discovers the latent sites.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model(y):
+        ...     mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        ...     sigma = pt.sample("sigma", dist.HalfNormal(1.0))
+        ...     with pt.plate("n", len(y)):
+        ...         pt.sample("y", dist.Normal(mu, sigma), obs=y)
+        >>> pot = Potential(model, (torch.randn(20),), compile=False)
+        >>> pot.dim
+        2
+        >>> value, grad = pot.value_and_grad(torch.zeros(4, pot.dim))
+        >>> value.shape, grad.shape
+        (torch.Size([4]), torch.Size([4, 2]))
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        model_args: tuple = (),
+        model_kwargs: dict | None = None,
+        *,
+        compile: bool | None = None,
+        rng_seed: int = 0,
+    ):
+        self.model = model
+        self.model_args = tuple(model_args)
+        self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+        self.compiled = compile_enabled(compile)
+        self.prototype_trace = _run_traced(model, self.model_args, self.model_kwargs, rng_seed)
+        self.sites = self._latent_sites(self.prototype_trace)
+        self.site_names = [s.name for s in self.sites]
+        self.dim = sum(s.size for s in self.sites)
+        values = [self.prototype_trace[s.name].value for s in self.sites]
+        self.dtype = values[0].dtype
+        for v in values[1:]:
+            self.dtype = torch.promote_types(self.dtype, v.dtype)
+        self.device = values[0].device
+        self._sites_by_name = {s.name: s for s in self.sites}
+
+        batched_value = torch.func.vmap(self._single_potential)
+        batched_value_and_grad = torch.func.vmap(torch.func.grad_and_value(self._single_potential))
+        batched_constrain = torch.func.vmap(self._single_constrain)
+        self._value = compile_fn(batched_value, self.compiled)
+        self._value_and_grad = compile_fn(batched_value_and_grad, self.compiled)
+        self._constrain = batched_constrain  # output only, not in a hot loop
+
+    # -- set-up -----------------------------------------------------------------------
+    def _latent_sites(self, tr: Trace) -> list[LatentSite]:
+        sites, offset = [], 0
+        for name, site in tr.items():
+            if site.type == "plate" and site.args[1] < site.args[0]:
+                raise ValueError(
+                    f"plate {name!r} subsamples {site.args[1]} of {site.args[0]} elements; "
+                    f"a potential for MCMC needs the full data (remove subsample_size)"
+                )
+            if not _is_latent(site):
+                continue
+            support = site.fn.support
+            if support.is_discrete:
+                raise ValueError(
+                    f"latent site {name!r} has the discrete distribution "
+                    f"{type(site.fn).__name__} (support {support}); HMC/NUTS need continuous "
+                    f"latent sites: marginalize it out, or observe it"
+                )
+            transform = biject_to(support)
+            shape = site.value.shape
+            unconstrained_shape = torch.Size(transform.inverse_shape(shape))
+            sites.append(LatentSite(name, shape, unconstrained_shape, offset))
+            offset += math.prod(unconstrained_shape)
+        if not sites:
+            raise ValueError("the model has no latent sample sites: there is nothing to infer")
+        return sites
+
+    # -- packing ----------------------------------------------------------------------
+    def unpack(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Split ``z`` of shape ``(..., dim)`` into unconstrained values per site."""
+        batch = z.shape[:-1]
+        return {
+            s.name: z[..., s.offset : s.offset + s.size].reshape(batch + s.unconstrained_shape)
+            for s in self.sites
+        }
+
+    def pack(self, values: dict[str, torch.Tensor], constrained: bool = True) -> torch.Tensor:
+        """Flatten per-site values (constrained by default) into ``z`` of shape ``(..., dim)``.
+
+        Bijections are taken from the prototype trace, so this is for sites whose support
+        does not depend on other latents.
+        """
+        parts = []
+        for s in self.sites:
+            if s.name not in values:
+                raise KeyError(f"pack: no value for latent site {s.name!r}")
+            value = torch.as_tensor(values[s.name], dtype=self.dtype, device=self.device)
+            if constrained:
+                value = biject_to(self.prototype_trace[s.name].fn.support).inv(value)
+            batch = value.shape[: value.dim() - len(s.unconstrained_shape)]
+            parts.append(value.reshape(batch + (s.size,)))
+        return torch.cat(parts, dim=-1)
+
+    # -- single-chain functions (vmapped, compiled) -------------------------------------
+    def _single_potential(self, z: torch.Tensor) -> torch.Tensor:
+        unconstrain = _Unconstrain(self.unpack(z), self._sites_by_name)
+        log_joint = _LogJoint()
+        with log_joint, unconstrain:
+            self.model(*self.model_args, **self.model_kwargs)
+        total = log_joint.total + unconstrain.log_det
+        return -total
+
+    def _single_constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        record = _Record()
+        with record, _Unconstrain(self.unpack(z), self._sites_by_name):
+            self.model(*self.model_args, **self.model_kwargs)
+        return record.values
+
+    # -- public, batched over chains ---------------------------------------------------
+    def _check_z(self, z: torch.Tensor) -> None:
+        if z.dim() != 2 or z.shape[-1] != self.dim:
+            raise ValueError(
+                f"z must have shape (chains, {self.dim}) for latent sites {self.site_names}, "
+                f"got {tuple(z.shape)}"
+            )
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        """Potential energy, shape ``(chains,)``."""
+        self._check_z(z)
+        with torch_validation(False):
+            return self._value(z)
+
+    potential_energy = __call__
+
+    def value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Potential energy ``(chains,)`` and its gradient ``(chains, dim)``."""
+        self._check_z(z)
+        with torch_validation(False):
+            grad, value = self._value_and_grad(z)
+        return value, grad
+
+    def constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Constrained values of the latent and deterministic sites, batched like ``z``."""
+        self._check_z(z)
+        with torch_validation(False):
+            return self._constrain(z)
+
+    # -- diagnosis -------------------------------------------------------------------
+    def nonfinite_sites(self, z: torch.Tensor) -> list[str]:
+        """Names of the sites whose log density, Jacobian or gradient is not finite at ``z``.
+
+        ``z`` has shape ``(dim,)``; evaluated eagerly, site by site.
+        """
+        z = z.detach().requires_grad_(True)
+        unconstrain = _Unconstrain(self.unpack(z), self._sites_by_name)
+        collect = _Collect()
+        with torch_validation(False):
+            with collect, unconstrain:
+                self.model(*self.model_args, **self.model_kwargs)
+            log_probs = {site.name: site_log_prob(site) for site in collect.sites}
+            bad = [name for name, lp in log_probs.items() if not bool(torch.isfinite(lp).all())]
+            total = -(sum(lp.sum() for lp in log_probs.values()) + unconstrain.log_det)
+            if z.grad is None and total.requires_grad:
+                (grad,) = torch.autograd.grad(total, z, allow_unused=True)
+            else:
+                grad = None
+        if grad is not None:
+            for s in self.sites:
+                block = grad[s.offset : s.offset + s.size]
+                if not bool(torch.isfinite(block).all()) and s.name not in bad:
+                    bad.append(s.name)
+        return bad
+
+
+def initialize_model(
+    model: Callable,
+    model_args: tuple = (),
+    model_kwargs: dict | None = None,
+    *,
+    num_chains: int = 1,
+    init_strategy: Callable = init_to_uniform,
+    init_params: dict | None = None,
+    rng_seed: int = 0,
+    compile: bool | None = None,
+    max_tries: int = 100,
+) -> tuple[Potential, torch.Tensor]:
+    """Build the :class:`Potential` of a model and find finite initial points for each chain.
+
+    Returns ``(potential, z0)`` with ``z0`` of shape ``(num_chains, potential.dim)``; at
+    each row the potential and its gradient are finite. ``init_params`` (constrained
+    values per site, each with or without a leading chain dimension) take precedence over
+    ``init_strategy``.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("scale", dist.HalfCauchy(1.0))
+        >>> potential, z0 = initialize_model(model, num_chains=3, compile=False)
+        >>> z0.shape
+        torch.Size([3, 1])
+    """
+    potential = Potential(model, model_args, model_kwargs, compile=compile, rng_seed=rng_seed)
+    if init_params is not None:
+        z0 = potential.pack(init_params)
+        z0 = z0.expand(num_chains, potential.dim) if z0.dim() == 1 else z0
+        if z0.shape[0] != num_chains:
+            raise ValueError(
+                f"init_params have {z0.shape[0]} chains, but num_chains={num_chains}"
+            )
+        _check_finite(potential, z0.clone(), "init_params")
+        return potential, z0.clone()
+
+    generator = torch.Generator().manual_seed(rng_seed)
+    seeds = torch.randint(0, 2**62, (num_chains, max_tries), generator=generator).tolist()
+    rows = []
+    for chain in range(num_chains):
+        z = None
+        for attempt in range(max_tries):
+            tr = _run_traced(
+                model,
+                potential.model_args,
+                potential.model_kwargs,
+                seeds[chain][attempt],
+                substitute_fn=init_strategy,
+            )
+            z = _pack_trace(potential, tr)
+            with torch_validation(False):
+                grad, value = torch.func.grad_and_value(potential._single_potential)(z)
+            if bool(torch.isfinite(value)) and bool(torch.isfinite(grad).all()):
+                break
+        else:
+            bad = potential.nonfinite_sites(z)
+            raise InitializationError(
+                f"could not find initial parameters with a finite potential and gradient "
+                f"after {max_tries} tries (chain {chain}, strategy "
+                f"{getattr(init_strategy, '__name__', init_strategy)}); non-finite at "
+                f"site(s) {bad}. Check their priors and data, or pass init_params."
+            )
+        rows.append(z)
+    return potential, torch.stack(rows)
+
+
+def _pack_trace(potential: Potential, tr: Trace) -> torch.Tensor:
+    parts = []
+    for s in potential.sites:
+        site = tr[s.name]
+        unconstrained = biject_to(site.fn.support).inv(site.value)
+        parts.append(unconstrained.reshape(s.size).to(potential.dtype))
+    return torch.cat(parts).detach()
+
+
+def _check_finite(potential: Potential, z0: torch.Tensor, what: str) -> None:
+    for chain in range(z0.shape[0]):
+        with torch_validation(False):
+            grad, value = torch.func.grad_and_value(potential._single_potential)(z0[chain])
+        if not (bool(torch.isfinite(value)) and bool(torch.isfinite(grad).all())):
+            bad = potential.nonfinite_sites(z0[chain])
+            raise InitializationError(
+                f"{what}: the potential or its gradient is not finite for chain {chain}; "
+                f"non-finite at site(s) {bad}"
+            )

@@ -1,0 +1,148 @@
+"""Parameter stores: named learnable tensors kept unconstrained, returned constrained.
+
+There is a default store for interactive use (:func:`get_param_store`); inference
+(``SVI``) gives each run a store of its own through the :class:`param_scope` handler, so two
+runs never share hidden global state.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+from torch.distributions import biject_to, constraints
+
+from .runtime import Message, Messenger
+
+__all__ = ["ParamStore", "get_param_store", "param_scope"]
+
+
+class ParamStore:
+    """A dict-like store ``name -> constrained value``; unconstrained leaves are trained.
+
+    Example::
+
+        >>> store = ParamStore()
+        >>> v = store.setdefault("s", torch.tensor(3.0), constraints.positive)
+        >>> float(v), float(store.unconstrained("s").exp())
+        (3.0, 3.0)
+    """
+
+    def __init__(self):
+        self._unconstrained: dict[str, torch.Tensor] = {}
+        self._constraints: dict[str, constraints.Constraint] = {}
+
+    def setdefault(
+        self,
+        name: str,
+        init_value: torch.Tensor | Callable[[], torch.Tensor] | None,
+        constraint: constraints.Constraint = constraints.real,
+    ) -> torch.Tensor:
+        """The constrained value of ``name``, created from ``init_value`` if it is new."""
+        if name not in self._unconstrained:
+            if init_value is None:
+                raise KeyError(
+                    f"param {name!r} is not in the param store and has no init_value"
+                )
+            if callable(init_value) and not isinstance(init_value, torch.Tensor):
+                init_value = init_value()
+            self._set(name, init_value, constraint)
+        return self[name]
+
+    def _set(self, name: str, value: torch.Tensor, constraint: constraints.Constraint) -> None:
+        if isinstance(value, torch.nn.Parameter) and constraint is constraints.real:
+            # An nn.Module's parameter is stored as itself so the module trains in place.
+            self._unconstrained[name] = value
+        else:
+            value = torch.as_tensor(value)
+            if not bool(torch.all(constraint.check(value))):
+                raise ValueError(
+                    f"param {name!r}: init_value of shape {tuple(value.shape)} does not "
+                    f"satisfy its constraint {constraint}"
+                )
+            with torch.no_grad():
+                unconstrained = biject_to(constraint).inv(value.detach())
+            self._unconstrained[name] = unconstrained.clone().requires_grad_(True)
+        self._constraints[name] = constraint
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self._set(name, value, self._constraints.get(name, constraints.real))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        constraint = self._constraints[name]
+        unconstrained = self._unconstrained[name]
+        if constraint is constraints.real:
+            return unconstrained
+        return biject_to(constraint)(unconstrained)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._unconstrained
+
+    def __len__(self) -> int:
+        return len(self._unconstrained)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._unconstrained)
+
+    def keys(self):
+        return self._unconstrained.keys()
+
+    def items(self):
+        return [(name, self[name]) for name in self._unconstrained]
+
+    def unconstrained(self, name: str) -> torch.Tensor:
+        """The trainable leaf tensor behind ``name``."""
+        return self._unconstrained[name]
+
+    def constraint(self, name: str) -> constraints.Constraint:
+        return self._constraints[name]
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The trainable leaves, for an optimizer."""
+        return list(self._unconstrained.values())
+
+    def clear(self) -> None:
+        self._unconstrained.clear()
+        self._constraints.clear()
+
+    def get_state(self) -> dict:
+        return {
+            "params": {k: v.detach().clone() for k, v in self._unconstrained.items()},
+            "constraints": dict(self._constraints),
+        }
+
+    def set_state(self, state: dict) -> None:
+        self.clear()
+        for name, value in state["params"].items():
+            self._unconstrained[name] = value.clone().requires_grad_(True)
+            self._constraints[name] = state["constraints"][name]
+
+
+_DEFAULT_STORE = ParamStore()
+
+
+def get_param_store() -> ParamStore:
+    """The default store used by ``param`` when no :class:`param_scope` is active."""
+    return _DEFAULT_STORE
+
+
+class param_scope(Messenger):
+    """Serve ``param`` sites from ``store`` instead of the default store.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> store = ParamStore()
+        >>> with param_scope(store):
+        ...     _ = pt.param("w", torch.zeros(2))
+        >>> list(store.keys())
+        ['w']
+    """
+
+    def __init__(self, store: ParamStore, fn=None):
+        super().__init__(fn)
+        self.store = store
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type == "param" and msg.value is None:
+            msg.value = self.store.setdefault(msg.name, msg.args[0], msg.kwargs["constraint"])

@@ -1,0 +1,309 @@
+"""Modeling primitives: ``sample``, ``param``, ``plate``, ``deterministic``, ``factor``, ``module``.
+
+Each primitive is a thin function that sends a :class:`~probtorch.runtime.Message` through
+the handler stack; what happens to it (recording, conditioning, seeding, scaling) is decided
+by the handlers in :mod:`probtorch.handlers`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyro.distributions as pyro_dist
+import torch
+from torch.distributions import constraints
+
+from .params import get_param_store
+from .runtime import CondIndepStackFrame, Message, Messenger, apply_stack, get_stack
+
+__all__ = ["sample", "param", "plate", "deterministic", "factor", "module", "subsample"]
+
+
+class RandomnessError(RuntimeError):
+    """A primitive needed random numbers but no ``seed`` handler was active."""
+
+
+def _require_seed(msg: Message, what: str) -> None:
+    if not msg.extra.get("seeded", False):
+        raise RandomnessError(
+            f"{what} {msg.name!r} needs random numbers, but no seed handler is active. "
+            f"Wrap the model: probtorch.handlers.seed(model, rng_seed=0)(*args), "
+            f"or give the site a value with condition/substitute."
+        )
+
+
+def _sample_default(msg: Message) -> torch.Tensor:
+    _require_seed(msg, "sample site")
+    sample_shape = msg.kwargs.get("sample_shape", ())
+    if msg.fn.has_rsample:
+        return msg.fn.rsample(sample_shape)
+    return msg.fn.sample(sample_shape)
+
+
+def sample(
+    name: str,
+    fn: Any,
+    obs: torch.Tensor | None = None,
+    obs_mask: torch.Tensor | None = None,
+    infer: dict | None = None,
+    sample_shape: tuple = (),
+) -> torch.Tensor:
+    """Draw (or observe) the random variable ``name`` from the distribution ``fn``.
+
+    Args:
+        name: the site name, unique within one run of the model.
+        fn: a distribution (any ``torch.distributions`` / ``pyro.distributions`` object).
+        obs: observed data; the site is then a likelihood term, not a latent.
+        obs_mask: boolean tensor, True where ``obs`` is observed. The missing entries become
+            the latent site ``f"{name}_unobserved"`` and are imputed.
+        infer: inference hints (e.g. ``{"is_auxiliary": True}``).
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.sample("x", dist.Normal(0.0, 1.0))
+        >>> x = pt.handlers.seed(model, rng_seed=0)()
+        >>> x.shape
+        torch.Size([])
+    """
+    if obs_mask is not None:
+        return _masked_observe(name, fn, obs, obs_mask, infer)
+    if obs is not None and not isinstance(obs, torch.Tensor):
+        obs = torch.as_tensor(obs)
+    if not get_stack():
+        # No handler at all: behave like a plain distribution call or observation.
+        if obs is not None:
+            return obs
+        msg = Message("sample", name, fn)
+        _require_seed(msg, "sample site")
+    msg = Message(
+        "sample",
+        name,
+        fn,
+        kwargs={"sample_shape": tuple(sample_shape)},
+        value=obs,
+        is_observed=obs is not None,
+        infer=infer,
+        default=_sample_default,
+    )
+    return apply_stack(msg).value
+
+
+def _masked_observe(name, fn, obs, obs_mask, infer):
+    """NumPyro's ``obs_mask``: observed where the mask is True, latent elsewhere."""
+    if obs is None:
+        raise ValueError(f"sample site {name!r}: obs_mask was given without obs")
+    obs = torch.as_tensor(obs)
+    obs_mask = torch.as_tensor(obs_mask, dtype=torch.bool)
+    unobserved = sample(f"{name}_unobserved", fn.mask(~obs_mask), infer=infer)
+    sample(f"{name}_observed", fn.mask(obs_mask), obs=obs, infer=infer)
+    # The mask indexes batch elements; broadcast it over the event dims.
+    mask = obs_mask[(...,) + (None,) * fn.event_dim]
+    return torch.where(mask, obs, unobserved)
+
+
+def _param_default(msg: Message) -> torch.Tensor:
+    return get_param_store().setdefault(msg.name, msg.args[0], msg.kwargs["constraint"])
+
+
+def param(
+    name: str,
+    init_value: torch.Tensor | None = None,
+    constraint: constraints.Constraint = constraints.real,
+    event_dim: int | None = None,
+) -> torch.Tensor:
+    """A learnable parameter, stored unconstrained and returned constrained.
+
+    Outside inference it lives in the default store (:func:`probtorch.get_param_store`);
+    ``SVI`` gives each run its own store.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> from torch.distributions import constraints
+        >>> pt.get_param_store().clear()
+        >>> scale = pt.param("scale", torch.tensor(2.0), constraint=constraints.positive)
+        >>> float(scale)
+        2.0
+    """
+    if init_value is not None and not isinstance(init_value, torch.Tensor) and not callable(
+        init_value
+    ):
+        init_value = torch.as_tensor(init_value, dtype=torch.get_default_dtype())
+    msg = Message(
+        "param",
+        name,
+        args=(init_value,),
+        kwargs={"constraint": constraint, "event_dim": event_dim},
+        default=_param_default,
+    )
+    return apply_stack(msg).value
+
+
+def deterministic(name: str, value: torch.Tensor) -> torch.Tensor:
+    """Record ``value`` under ``name`` in traces and MCMC output.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> with pt.handlers.trace() as tr:
+        ...     pt.deterministic("two", torch.tensor(2.0))
+        tensor(2.)
+        >>> float(tr["two"].value)
+        2.0
+    """
+    if not get_stack():
+        return value
+    msg = Message("deterministic", name, value=value)
+    return apply_stack(msg).value
+
+
+def factor(name: str, log_factor: torch.Tensor) -> None:
+    """Add ``log_factor`` to the model's log density, as an observed auxiliary site.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> with pt.handlers.trace() as tr:
+        ...     pt.factor("penalty", torch.tensor(-3.0))
+        >>> float(tr.log_prob_sum())
+        -3.0
+    """
+    unit = pyro_dist.Unit(torch.as_tensor(log_factor))
+    sample(name, unit, obs=unit.sample(), infer={"is_auxiliary": True})
+
+
+def module(name: str, nn_module: torch.nn.Module) -> torch.nn.Module:
+    """Register the parameters of ``nn_module`` as params named ``f"{name}$$${param}"``.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.get_param_store().clear()
+        >>> net = pt.module("net", torch.nn.Linear(2, 1))
+        >>> sorted(pt.get_param_store().keys())
+        ['net$$$bias', 'net$$$weight']
+    """
+    for param_name, value in nn_module.named_parameters():
+        param(f"{name}$$${param_name}", value)
+    return nn_module
+
+
+def _subsample_default(msg: Message) -> torch.Tensor:
+    size, subsample_size = msg.args
+    if subsample_size >= size:
+        return torch.arange(size)
+    _require_seed(msg, "plate")
+    return torch.randperm(size)[:subsample_size]
+
+
+def subsample(name: str, size: int, subsample_size: int) -> torch.Tensor:
+    """The indices a plate uses; a ``"plate"`` site, so replay/substitute can fix them."""
+    msg = Message("plate", name, args=(size, subsample_size), default=_subsample_default)
+    if not get_stack():
+        msg.extra["seeded"] = True  # no handler: plain torch RNG, as in interactive use
+        return _subsample_default(msg)
+    return apply_stack(msg).value
+
+
+class plate(Messenger):
+    """A vectorized conditional-independence context of ``size`` elements along ``dim``.
+
+    Sites inside are broadcast to ``size`` (or ``subsample_size``) at batch dimension ``dim``
+    (allocated automatically from the right when not given). With subsampling, entering the
+    plate returns the indices used, and log densities inside are scaled by
+    ``size / subsample_size`` so that the log likelihood stays unbiased.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     with pt.plate("data", 5):
+        ...         return pt.sample("x", dist.Normal(0.0, 1.0))
+        >>> pt.handlers.seed(model, rng_seed=0)().shape
+        torch.Size([5])
+    """
+
+    def __init__(
+        self,
+        name: str,
+        size: int,
+        subsample_size: int | None = None,
+        dim: int | None = None,
+    ):
+        super().__init__()
+        size = int(size)
+        if size < 0:
+            raise ValueError(f"plate {name!r}: size must be >= 0, got {size}")
+        if subsample_size is None:
+            subsample_size = size
+        subsample_size = int(subsample_size)
+        if not 0 <= subsample_size <= size:
+            raise ValueError(
+                f"plate {name!r}: subsample_size must lie in [0, size={size}], "
+                f"got {subsample_size}"
+            )
+        if dim is not None and dim >= 0:
+            raise ValueError(f"plate {name!r}: dim must be negative, got {dim}")
+        self.name = name
+        self.size = size
+        self.subsample_size = subsample_size
+        self._user_dim = dim
+        self.dim: int | None = dim
+        self.indices: torch.Tensor | None = None
+
+    def _allocate_dim(self) -> int:
+        used = {h.dim for h in get_stack() if isinstance(h, plate) and h is not self}
+        if self._user_dim is not None:
+            if self._user_dim in used:
+                raise ValueError(
+                    f"plate {self.name!r}: dim {self._user_dim} is already used by an "
+                    f"enclosing plate"
+                )
+            return self._user_dim
+        dim = -1
+        while dim in used:
+            dim -= 1
+        return dim
+
+    def __enter__(self):
+        self.dim = self._allocate_dim()
+        self.indices = subsample(self.name, self.size, self.subsample_size)
+        super().__enter__()
+        return self.indices
+
+    def __exit__(self, *exc):
+        self.dim = self._user_dim
+        return super().__exit__(*exc)
+
+    @property
+    def frame(self) -> CondIndepStackFrame:
+        return CondIndepStackFrame(self.name, self.dim, self.size, self.subsample_size)
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type not in ("sample", "param"):
+            return
+        if msg.type == "param":
+            return
+        msg.cond_indep_stack = msg.cond_indep_stack + (self.frame,)
+        batch_shape = tuple(msg.fn.batch_shape)
+        n = self.subsample_size
+        ndim = max(len(batch_shape), -self.dim)
+        padded = (1,) * (ndim - len(batch_shape)) + batch_shape
+        current = padded[self.dim]
+        if current not in (1, n):
+            raise ValueError(
+                f"sample site {msg.name!r}: its distribution {type(msg.fn).__name__} has "
+                f"batch_shape {batch_shape}, whose dim {self.dim} has size {current}, but "
+                f"plate {self.name!r} at dim {self.dim} has size {n}"
+                + (f" (subsampled from {self.size})" if n != self.size else "")
+                + ". Sizes must match (or be 1 to broadcast)."
+            )
+        if current != n:
+            target = list(padded)
+            target[self.dim] = n
+            msg.fn = msg.fn.expand(torch.Size(target))
+        if n != self.size:
+            factor = self.size / n
+            msg.scale = factor if msg.scale is None else msg.scale * factor

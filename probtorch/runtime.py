@@ -1,0 +1,196 @@
+"""The effect-handler runtime: the handler stack, ``Message`` and ``Messenger``.
+
+Every primitive (``sample``, ``param``, ``plate``, ...) builds a :class:`Message` and passes
+it through :func:`apply_stack`. Handlers (subclasses of :class:`Messenger`) sit on a
+module-level stack and may inspect or change the message on its way down
+(``process_message``, innermost handler first) and back up (``postprocess_message``, from
+the outermost handler that saw it to the innermost, as in Pyro and NumPyro). The code is plain Python with no dynamic tricks so that TorchDynamo can
+inline it when a model is traced inside ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+__all__ = ["Message", "Messenger", "CondIndepStackFrame", "apply_stack", "get_stack"]
+
+# Innermost handler last. Module-level on purpose: one model runs at a time in a thread.
+_STACK: list[Messenger] = []
+
+
+def get_stack() -> list[Messenger]:
+    """The active handlers, outermost first (a copy)."""
+    return list(_STACK)
+
+
+class CondIndepStackFrame(NamedTuple):
+    """One enclosing ``plate`` of a site: its name, batch dim, full size and subsample size."""
+
+    name: str
+    dim: int
+    size: int
+    subsample_size: int
+
+
+class Message:
+    """What a primitive sends through the handler stack; a trace stores one per site.
+
+    Attribute access is the primary interface; ``msg["value"]`` also works, as in Pyro and
+    NumPyro traces.
+    """
+
+    __slots__ = (
+        "type",
+        "name",
+        "fn",
+        "args",
+        "kwargs",
+        "value",
+        "is_observed",
+        "infer",
+        "scale",
+        "mask",
+        "cond_indep_stack",
+        "stop",
+        "done",
+        "default",
+        "intermediates",
+        "log_prob",
+        "extra",
+    )
+
+    def __init__(
+        self,
+        type: str,
+        name: str,
+        fn: Any = None,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        value: Any = None,
+        is_observed: bool = False,
+        infer: dict | None = None,
+        default: Callable[[Message], Any] | None = None,
+    ):
+        self.type = type
+        self.name = name
+        self.fn = fn
+        self.args = args
+        self.kwargs = {} if kwargs is None else kwargs
+        self.value = value
+        self.is_observed = is_observed
+        self.infer = {} if infer is None else infer
+        self.scale = None  # None means 1; a float or tensor otherwise
+        self.mask = None  # None means all True; a bool or bool tensor otherwise
+        self.cond_indep_stack: tuple[CondIndepStackFrame, ...] = ()
+        self.stop = False  # handlers further out do not see the message
+        self.done = False  # the value is final; the default is not run
+        self.default = default  # computes the value when no handler supplied one
+        self.intermediates: list = []
+        self.log_prob = None  # filled by Trace.compute_log_prob
+        self.extra: dict = {}
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+    def copy(self) -> Message:
+        new = Message.__new__(Message)
+        for slot in Message.__slots__:
+            setattr(new, slot, getattr(self, slot))
+        new.kwargs = dict(self.kwargs)
+        new.infer = dict(self.infer)
+        new.intermediates = list(self.intermediates)
+        new.extra = dict(self.extra)
+        return new
+
+    def __repr__(self) -> str:
+        value = self.value
+        shown = tuple(value.shape) if isinstance(value, torch.Tensor) else value
+        return f"Message(type={self.type!r}, name={self.name!r}, value={shown})"
+
+
+def apply_stack(msg: Message, outside_of: Messenger | None = None) -> Message:
+    """Send ``msg`` down the handler stack, compute its value, then send it back up.
+
+    With ``outside_of``, only the handlers further out than that one see the message (a
+    handler that splits a site uses this to send the copy on without reprocessing it).
+    """
+    stack = _STACK
+    if outside_of is not None:
+        stack = _STACK[: _STACK.index(outside_of)]
+    pointer = 0
+    for pointer, handler in enumerate(reversed(stack)):
+        handler.process_message(msg)
+        if msg.stop:
+            break
+    if msg.value is None and not msg.done and msg.default is not None:
+        msg.value = msg.default(msg)
+    msg.done = True
+    # Only the handlers that saw the message on the way down see it on the way up.
+    for handler in stack[len(stack) - pointer - 1 :]:
+        handler.postprocess_message(msg)
+    return msg
+
+
+class Messenger:
+    """Base class of effect handlers: a context manager that is also a decorator.
+
+    ``handler(fn)(*args)`` runs ``fn`` with the handler active; ``with handler: ...`` does the
+    same for a block. Subclasses override ``process_message`` and/or
+    ``postprocess_message``.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> class double(pt.Messenger):
+        ...     def postprocess_message(self, msg):
+        ...         if msg.type == "sample":
+        ...             msg.value = 2 * msg.value
+        >>> with double():
+        ...     x = pt.sample("x", dist.Normal(1.0, 1.0), obs=torch.tensor(3.0))
+        >>> float(x)
+        6.0
+    """
+
+    def __init__(self, fn: Callable | None = None):
+        if fn is not None and not callable(fn):
+            raise TypeError(
+                f"{type(self).__name__} expected a callable model as its first argument, "
+                f"got {type(fn).__name__}"
+            )
+        self.fn = fn
+
+    def __enter__(self):
+        _STACK.append(self)
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        # Remove this handler even if an inner handler forgot to exit (exceptions).
+        if self in _STACK:
+            while _STACK and _STACK[-1] is not self:
+                _STACK.pop()
+            _STACK.pop()
+        return None
+
+    def process_message(self, msg: Message) -> None:
+        pass
+
+    def postprocess_message(self, msg: Message) -> None:
+        pass
+
+    def __call__(self, *args, **kwargs):
+        if self.fn is None:
+            # Used as ``@handler()``-style decorator factory: handler()(fn)
+            if len(args) == 1 and not kwargs and callable(args[0]):
+                self.fn = args[0]
+                return self
+            raise TypeError(f"{type(self).__name__} has no function to call")
+        with self:
+            return self.fn(*args, **kwargs)

@@ -1,0 +1,136 @@
+"""Eager checks of sample sites, with errors that name the site.
+
+Validation runs once, eagerly, when a model is first traced (by ``trace`` while
+validation is enabled, and by the inference set-up). Compiled code never validates:
+``torch.distributions`` validation is a graph break by design, and a check per call would
+cost more than the model on small problems.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.distributions import constraints
+from torch.distributions.utils import lazy_property
+
+__all__ = ["enable_validation", "is_validation_enabled", "check_sample_site"]
+
+_VALIDATION_ENABLED = True
+
+
+def enable_validation(flag: bool = True) -> None:
+    """Turn probtorch's eager site checks on or off (on by default).
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.enable_validation(False); pt.is_validation_enabled()
+        False
+        >>> pt.enable_validation(True)
+    """
+    global _VALIDATION_ENABLED
+    _VALIDATION_ENABLED = bool(flag)
+
+
+def is_validation_enabled() -> bool:
+    return _VALIDATION_ENABLED
+
+
+@contextlib.contextmanager
+def torch_validation(flag: bool):
+    """Set ``torch.distributions``' process-wide validation default inside the block."""
+    old = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(flag)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(old)
+
+
+def _describe(value: torch.Tensor, valid: torch.Tensor) -> str:
+    value = torch.as_tensor(value)
+    shape = tuple(value.shape)
+    try:
+        bad = value.detach().expand(torch.broadcast_shapes(value.shape, valid.shape))[~valid]
+        shown = bad.flatten()[:5].tolist()
+        return f"tensor of shape {shape}, invalid values {shown}" + (
+            " ..." if bad.numel() > 5 else ""
+        )
+    except RuntimeError:
+        return f"tensor of shape {shape}"
+
+
+def _unwrapped(fn):
+    """The distribution and the chain of wrappers around it (Independent, Expanded, ...)."""
+    chain = [fn]
+    while hasattr(fn, "base_dist"):
+        fn = fn.base_dist
+        chain.append(fn)
+    return chain
+
+
+def check_parameters(name: str, fn) -> None:
+    """Raise ValueError naming the site, the parameter and the constraint it violates."""
+    for d in _unwrapped(fn):
+        try:
+            arg_constraints = d.arg_constraints
+        except NotImplementedError:
+            continue
+        for param, constraint in arg_constraints.items():
+            if constraints.is_dependent(constraint):
+                continue
+            if param not in d.__dict__ and isinstance(getattr(type(d), param, None), lazy_property):
+                continue  # never computed: the user gave the other parameterization
+            value = getattr(d, param, None)
+            if not isinstance(value, torch.Tensor):
+                continue
+            valid = constraint.check(value)
+            if not bool(torch.all(valid)):
+                raise ValueError(
+                    f"sample site {name!r}: parameter {param!r} of {type(d).__name__} must "
+                    f"satisfy the constraint {constraint}, but got {_describe(value, valid)}"
+                )
+
+
+def check_observation(name: str, fn, value: torch.Tensor) -> None:
+    """Raise ValueError if an observed value has the wrong shape or lies outside the support."""
+    dist_shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
+    value_shape = tuple(value.shape)
+    event_shape = tuple(fn.event_shape)
+    what = (
+        f"sample site {name!r}: observed value of shape {value_shape} does not fit "
+        f"{type(fn).__name__} with batch_shape {tuple(fn.batch_shape)} and event_shape "
+        f"{event_shape}"
+    )
+    if event_shape and value_shape[len(value_shape) - len(event_shape) :] != event_shape:
+        raise ValueError(what + f": its rightmost dims must equal the event_shape {event_shape}")
+    try:
+        broadcast = torch.broadcast_shapes(value_shape, dist_shape)
+    except RuntimeError:
+        raise ValueError(what + ": the shapes do not broadcast") from None
+    if broadcast != value_shape:
+        raise ValueError(
+            what
+            + f": the value would be broadcast to {broadcast}, counting each observation "
+            f"more than once. Reshape the data or fix the plate/distribution shapes."
+        )
+    try:
+        support = fn.support
+    except NotImplementedError:
+        return
+    if constraints.is_dependent(support):
+        return
+    valid = support.check(value)
+    if not bool(torch.all(valid)):
+        raise ValueError(
+            f"sample site {name!r}: observed value lies outside the support {support} of "
+            f"{type(fn).__name__}: {_describe(value, valid)}"
+        )
+
+
+def check_sample_site(msg) -> None:
+    """All eager checks for one sample site."""
+    check_parameters(msg.name, msg.fn)
+    if msg.is_observed and isinstance(msg.value, torch.Tensor):
+        check_observation(msg.name, msg.fn, msg.value)

@@ -1,0 +1,35 @@
+import os
+import pathlib
+import warnings
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+# Compiled kernels are cached across test processes (and runs) in the repo's .cache.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".cache" / "inductor"))
+warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")
+
+import torch  # noqa: E402
+
+import probtorch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    """Every test starts with an empty default param store, validation on, float32."""
+    probtorch.get_param_store().clear()
+    probtorch.enable_validation(True)
+    dtype = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(dtype)
+    probtorch.get_param_store().clear()
+
+
+@pytest.fixture
+def shared_dir():
+    """../shared (posteriordb, research); tests that need it skip in users' checkouts."""
+    if not SHARED.is_dir():
+        pytest.skip("../shared is not present in this checkout")
+    return SHARED
