@@ -7,7 +7,7 @@ block. Each handler overrides one or two ``Messenger`` methods.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -124,8 +124,10 @@ class trace(Messenger):
 
     def postprocess_message(self, msg: Message) -> None:
         if msg.name in self.trace:
-            if msg.type == "plate" and self.trace[msg.name].type == "plate":
-                return  # one plate entered several times
+            if msg.type in ("plate", "param") and self.trace[msg.name].type == msg.type:
+                # A plate of one name may be built more than once and a param may be read
+                # several times (as in Pyro); the first site is kept.
+                return
             raise ValueError(
                 f"two sites are named {msg.name!r} ({self.trace[msg.name].type} and "
                 f"{msg.type}); site names must be unique within one run of the model"
@@ -225,7 +227,8 @@ class condition(Messenger):
         >>> import probtorch as pt, probtorch.distributions as dist
         >>> def model():
         ...     return pt.sample("x", dist.Normal(0.0, 1.0))
-        >>> tr = pt.handlers.trace(pt.handlers.condition(model, {"x": torch.tensor(1.0)})).get_trace()
+        >>> conditioned = pt.handlers.condition(model, {"x": torch.tensor(1.0)})
+        >>> tr = pt.handlers.trace(conditioned).get_trace()
         >>> tr["x"].is_observed
         True
     """
@@ -359,7 +362,8 @@ class mask(Messenger):
         >>> def model():
         ...     with pt.plate("data", 2):
         ...         pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.zeros(2))
-        >>> tr = pt.handlers.trace(pt.handlers.mask(model, mask=torch.tensor([True, False]))).get_trace()
+        >>> masked = pt.handlers.mask(model, mask=torch.tensor([True, False]))
+        >>> tr = pt.handlers.trace(masked).get_trace()
         >>> tr.log_densities()["y"][1].item()
         0.0
     """

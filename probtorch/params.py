@@ -7,11 +7,12 @@ runs never share hidden global state.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
-from torch.distributions import biject_to, constraints
+from torch.distributions import constraints
 
+from .distributions.constraint_registry import biject_to
 from .runtime import Message, Messenger
 
 __all__ = ["ParamStore", "get_param_store", "param_scope"]

@@ -100,7 +100,8 @@ def _masked_observe(name, fn, obs, obs_mask, infer):
     sample(f"{name}_observed", fn.mask(obs_mask), obs=obs, infer=infer)
     # The mask indexes batch elements; broadcast it over the event dims.
     mask = obs_mask[(...,) + (None,) * fn.event_dim]
-    return torch.where(mask, obs, unobserved)
+    # The combined value is recorded under ``name``, as in Pyro and NumPyro.
+    return deterministic(name, torch.where(mask, obs, unobserved))
 
 
 def _param_default(msg: Message) -> torch.Tensor:
@@ -213,7 +214,9 @@ class plate(Messenger):
     Sites inside are broadcast to ``size`` (or ``subsample_size``) at batch dimension ``dim``
     (allocated automatically from the right when not given). With subsampling, entering the
     plate returns the indices used, and log densities inside are scaled by
-    ``size / subsample_size`` so that the log likelihood stays unbiased.
+    ``size / subsample_size`` so that the log likelihood stays unbiased. As in Pyro and
+    NumPyro, the indices are drawn once, when the plate is built, so a plate entered several
+    times uses the same subsample each time.
 
     Example::
 
@@ -251,7 +254,7 @@ class plate(Messenger):
         self.subsample_size = subsample_size
         self._user_dim = dim
         self.dim: int | None = dim
-        self.indices: torch.Tensor | None = None
+        self.indices: torch.Tensor = subsample(name, size, subsample_size)
 
     def _allocate_dim(self) -> int:
         used = {h.dim for h in get_stack() if isinstance(h, plate) and h is not self}
@@ -269,7 +272,6 @@ class plate(Messenger):
 
     def __enter__(self):
         self.dim = self._allocate_dim()
-        self.indices = subsample(self.name, self.size, self.subsample_size)
         super().__enter__()
         return self.indices
 

@@ -4,13 +4,15 @@ Every primitive (``sample``, ``param``, ``plate``, ...) builds a :class:`Message
 it through :func:`apply_stack`. Handlers (subclasses of :class:`Messenger`) sit on a
 module-level stack and may inspect or change the message on its way down
 (``process_message``, innermost handler first) and back up (``postprocess_message``, from
-the outermost handler that saw it to the innermost, as in Pyro and NumPyro). The code is plain Python with no dynamic tricks so that TorchDynamo can
-inline it when a model is traced inside ``torch.compile``.
+the outermost handler that saw it to the innermost, as in Pyro and NumPyro). The code is
+plain Python with no dynamic tricks so that TorchDynamo can inline it when a model is traced
+inside ``torch.compile``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -125,8 +127,9 @@ def apply_stack(msg: Message, outside_of: Messenger | None = None) -> Message:
     stack = _STACK
     if outside_of is not None:
         stack = _STACK[: _STACK.index(outside_of)]
-    pointer = 0
-    for pointer, handler in enumerate(reversed(stack)):
+    seen = 0
+    for handler in reversed(stack):
+        seen += 1
         handler.process_message(msg)
         if msg.stop:
             break
@@ -134,7 +137,7 @@ def apply_stack(msg: Message, outside_of: Messenger | None = None) -> Message:
         msg.value = msg.default(msg)
     msg.done = True
     # Only the handlers that saw the message on the way down see it on the way up.
-    for handler in stack[len(stack) - pointer - 1 :]:
+    for handler in stack[len(stack) - seen :]:
         handler.postprocess_message(msg)
     return msg
 

@@ -15,6 +15,8 @@ import pyro.distributions as _pyro_dist
 import torch  # noqa: F401  (for the docstring example)
 from pyro.distributions import *  # noqa: F403
 from pyro.distributions import constraints, transforms  # noqa: F401
-from torch.distributions import biject_to, transform_to  # noqa: F401
+from torch.distributions import transform_to  # noqa: F401
+
+from .constraint_registry import biject_to  # noqa: F401
 
 __all__ = list(_pyro_dist.__all__) + ["constraints", "transforms", "biject_to", "transform_to"]

@@ -61,7 +61,6 @@ class CompileStats:
 
     graph_breaks: int = 0
     graphs: int = 0  # graphs compiled (first compiles and recompiles)
-    frames: int = 0  # frames Dynamo started to trace
 
 
 @contextlib.contextmanager
@@ -82,7 +81,6 @@ def count_compiles():
         return (
             sum(counters["graph_break"].values()),
             counters["stats"]["unique_graphs"],
-            counters["frames"]["total"],
         )
 
     stats = CompileStats()
@@ -93,4 +91,3 @@ def count_compiles():
         after = snapshot()
         stats.graph_breaks = after[0] - before[0]
         stats.graphs = after[1] - before[1]
-        stats.frames = after[2] - before[2]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.distributions import biject_to
+from ..distributions.constraint_registry import biject_to
 
 from ..runtime import Message
 
@@ -19,7 +19,13 @@ __all__ = ["init_to_uniform", "init_to_median", "init_to_sample", "init_to_value
 
 
 def _is_latent(site: Message) -> bool:
-    return site.type == "sample" and not site.is_observed and not site.infer.get("is_auxiliary")
+    """A continuous latent site (discrete ones are left to their prior draw)."""
+    return (
+        site.type == "sample"
+        and not site.is_observed
+        and not site.infer.get("is_auxiliary")
+        and not site.fn.support.is_discrete
+    )
 
 
 def _site_shape(site: Message) -> torch.Size:
@@ -51,6 +57,8 @@ def init_to_uniform(site: Message | None = None, radius: float = 2.0):
 def init_to_median(site: Message | None = None, num_samples: int = 15):
     """The elementwise median of ``num_samples`` prior draws, taken in unconstrained space.
 
+    Sites whose prior cannot be sampled (improper priors) start ``init_to_uniform``.
+
     Example::
 
         >>> import probtorch as pt, probtorch.distributions as dist
@@ -63,12 +71,15 @@ def init_to_median(site: Message | None = None, num_samples: int = 15):
     if not _is_latent(site):
         return None
     transform = biject_to(site.fn.support)
-    draws = site.fn.sample((num_samples,) + tuple(site.kwargs.get("sample_shape", ())))
+    try:
+        draws = site.fn.sample((num_samples,) + tuple(site.kwargs.get("sample_shape", ())))
+    except NotImplementedError:  # improper priors cannot be sampled
+        return init_to_uniform(site)
     return transform(transform.inv(draws).median(dim=0).values)
 
 
 def init_to_sample(site: Message | None = None):
-    """One draw from the site's prior.
+    """One draw from the site's prior (``init_to_uniform`` for improper priors).
 
     Example::
 
@@ -82,7 +93,10 @@ def init_to_sample(site: Message | None = None):
         return init_to_sample
     if not _is_latent(site):
         return None
-    return site.fn.sample(tuple(site.kwargs.get("sample_shape", ())))
+    try:
+        return site.fn.sample(tuple(site.kwargs.get("sample_shape", ())))
+    except NotImplementedError:  # improper priors cannot be sampled
+        return init_to_uniform(site)
 
 
 def init_to_value(site: Message | None = None, values: dict | None = None, radius: float = 2.0):

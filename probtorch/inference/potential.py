@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.distributions import biject_to
+from ..distributions.constraint_registry import biject_to
 
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
@@ -184,7 +184,11 @@ class Potential:
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self.compiled = compile_enabled(compile)
-        self.prototype_trace = _run_traced(model, self.model_args, self.model_kwargs, rng_seed)
+        # Latent values come from init_to_uniform, which (unlike a prior draw) also works for
+        # improper priors such as ImproperUniform.
+        self.prototype_trace = _run_traced(
+            model, self.model_args, self.model_kwargs, rng_seed, substitute_fn=init_to_uniform
+        )
         self.sites = self._latent_sites(self.prototype_trace)
         self.site_names = [s.name for s in self.sites]
         self.dim = sum(s.size for s in self.sites)
@@ -282,7 +286,11 @@ class Potential:
         """Potential energy, shape ``(chains,)``."""
         self._check_z(z)
         with torch_validation(False):
-            return self._value(z)
+            try:
+                return self._value(z)
+            except RuntimeError as error:
+                self._explain_failure(z, error)
+                raise
 
     potential_energy = __call__
 
@@ -290,8 +298,32 @@ class Potential:
         """Potential energy ``(chains,)`` and its gradient ``(chains, dim)``."""
         self._check_z(z)
         with torch_validation(False):
-            grad, value = self._value_and_grad(z)
+            try:
+                grad, value = self._value_and_grad(z)
+            except RuntimeError as error:
+                self._explain_failure(z, error)
+                raise
         return value, grad
+
+    def _explain_failure(self, z: torch.Tensor, error: RuntimeError) -> None:
+        """Re-run eagerly, vectorized, to find the site after which the model failed."""
+        collect = _Collect()
+
+        def run(z_chain):
+            with collect, _Unconstrain(self.unpack(z_chain), self._sites_by_name):
+                self.model(*self.model_args, **self.model_kwargs)
+            return z_chain.sum()
+
+        try:
+            torch.func.vmap(run)(z.detach())
+        except RuntimeError:
+            where = f"after site {collect.sites[-1].name!r}" if collect.sites else "before its first site"
+            raise ValueError(
+                f"the model failed {where} when evaluated for all chains at once "
+                f"({type(error).__name__}: {str(error).splitlines()[0]}). Potentials are "
+                f"vectorized over chains, so a model must not read latent values in Python "
+                f"(.item(), int(x), `if x > 0:`); use torch operations such as torch.where."
+            ) from error
 
     def constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Constrained values of the latent and deterministic sites, batched like ``z``."""
@@ -399,6 +431,12 @@ def _pack_trace(potential: Potential, tr: Trace) -> torch.Tensor:
     parts = []
     for s in potential.sites:
         site = tr[s.name]
+        if site.value.shape != s.shape:
+            raise ValueError(
+                f"latent site {s.name!r} has shape {tuple(site.value.shape)} in this run but had "
+                f"shape {tuple(s.shape)} when the model was first traced; latent shapes must "
+                f"not depend on the values of other sites"
+            )
         unconstrained = biject_to(site.fn.support).inv(site.value)
         parts.append(unconstrained.reshape(s.size).to(potential.dtype))
     return torch.cat(parts).detach()

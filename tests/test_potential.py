@@ -1,0 +1,321 @@
+"""Model -> potential: compiled equals eager, no graph breaks, no recompiles, clear errors."""
+
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+from models import EIGHT_SIGMA, EIGHT_Y, MODELS, eight_schools, eight_schools_data
+from scipy import stats
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.inference.compile import compile_enabled, count_compiles
+from probtorch.inference.init_strategies import (
+    init_to_median,
+    init_to_sample,
+    init_to_uniform,
+    init_to_value,
+)
+from probtorch.inference.potential import InitializationError, Potential, initialize_model
+
+
+@pytest.fixture
+def float64():
+    torch.set_default_dtype(torch.float64)
+
+
+def _points(z0, num=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [z0 + 0.5 * torch.randn(z0.shape, generator=g, dtype=z0.dtype) for _ in range(num)]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_compiled_equals_eager_without_breaks_or_recompiles(name, float64):
+    model, make_data = MODELS[name]
+    args, kwargs = make_data()
+    eager, z0 = initialize_model(model, args, kwargs, num_chains=3, compile=False)
+    compiled, _ = initialize_model(model, args, kwargs, num_chains=3, compile=True)
+    assert not eager.compiled and compiled.compiled
+    with count_compiles() as warmup:
+        compiled.value_and_grad(z0)
+    assert warmup.graph_breaks == 0
+    assert warmup.graphs == 1
+    with count_compiles() as stats, torch.compiler.set_stance("fail_on_recompile"):
+        for z in _points(z0):
+            value, grad = compiled.value_and_grad(z)
+            ref_value, ref_grad = eager.value_and_grad(z)
+            assert value.dtype == torch.float64 and value.shape == (3,)
+            assert grad.shape == z.shape
+            torch.testing.assert_close(value, ref_value, rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+    assert stats.graph_breaks == 0 and stats.graphs == 0
+
+
+def _eight_schools_log_joint(mu, tau, theta):
+    """Centered eight schools by scipy, tau on the log scale (Jacobian included)."""
+    y, sigma = np.array(EIGHT_Y), np.array(EIGHT_SIGMA)
+    return (
+        stats.norm(0, 5).logpdf(mu)
+        + stats.halfcauchy(scale=5).logpdf(tau)
+        + np.log(tau)
+        + stats.norm(mu, tau).logpdf(theta).sum()
+        + stats.norm(theta, sigma).logpdf(y).sum()
+    )
+
+
+def test_eight_schools_potential_matches_scipy(float64):
+    args, kwargs = eight_schools_data()
+    potential, z0 = initialize_model(eight_schools, args, kwargs, num_chains=4, compile=False)
+    assert potential.site_names == ["mu", "tau", "theta"]
+    values = potential(z0)
+    for c in range(4):
+        mu, log_tau, theta = z0[c, 0].item(), z0[c, 1].item(), z0[c, 2:].numpy()
+        expected = -_eight_schools_log_joint(mu, math.exp(log_tau), theta)
+        assert values[c].item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_gradient_matches_finite_differences(float64):
+    model, make_data = MODELS["hierarchical_regression"]
+    args, kwargs = make_data()
+    potential, z0 = initialize_model(model, args, kwargs, num_chains=2, compile=False)
+    _, grad = potential.value_and_grad(z0)
+    eps = 1e-6
+    for i in range(potential.dim):
+        step = torch.zeros_like(z0)
+        step[:, i] = eps
+        numeric = (potential(z0 + step) - potential(z0 - step)) / (2 * eps)
+        torch.testing.assert_close(grad[:, i], numeric, rtol=1e-6, atol=1e-6)
+
+
+def test_eight_schools_matches_posteriordb_density(shared_dir, float64):
+    """Differences of our potential equal differences of posteriordb's reference density."""
+    sys.path.insert(0, str(shared_dir / "posteriordb"))
+    try:
+        import check_models
+        import load
+    finally:
+        sys.path.pop(0)
+    data = load.load_data("eight_schools-eight_schools_centered")
+    _, to_u, logp = check_models.eight_schools(data, "centered")
+    draws = load.load_reference_draws("eight_schools-eight_schools_centered")
+    flat = {k: np.asarray(v)[0, :5] for k, v in draws.items()}
+    U = to_u(flat)  # theta[1..8], mu, log tau
+    potential = Potential(
+        eight_schools,
+        (torch.tensor(data["sigma"], dtype=torch.float64),),
+        {"y": torch.tensor(data["y"], dtype=torch.float64)},
+        compile=False,
+    )
+    z = torch.tensor(np.column_stack([U[:, 8], U[:, 9], U[:, :8]]))
+    ours = -potential(z).numpy()
+    ref = logp(U)
+    np.testing.assert_allclose(ours - ours[0], ref - ref[0], rtol=1e-10, atol=1e-10)
+
+
+def test_dependent_support_and_deterministic_sites(float64):
+    model, make_data = MODELS["hierarchical_regression"]
+    args, kwargs = make_data()
+    potential, z0 = initialize_model(model, args, kwargs, num_chains=5, compile=False)
+    values = potential.constrain(z0 + 3 * torch.randn_like(z0))
+    assert bool(torch.all(values["sigma_y"] > 0))
+    assert bool(torch.all(values["sigma_y"] < values["upper"] + 1.0))
+    assert values["mean"].shape == (5, args[1].shape[0])
+    assert values["a"].shape == (5, args[2])
+
+
+def test_pack_inverts_constrain(float64):
+    model, make_data = MODELS["constrained_sites"]
+    args, kwargs = make_data()
+    potential, z0 = initialize_model(model, args, kwargs, num_chains=3, compile=False)
+    values = potential.constrain(z0)
+    assert torch.allclose(values["weights"].sum(-1), torch.ones(3, dtype=torch.float64))
+    assert bool(torch.all(values["scales"][:, 1:] > values["scales"][:, :-1]))
+    corr = values["corr"] @ values["corr"].transpose(-1, -2)
+    assert torch.allclose(torch.diagonal(corr, dim1=-2, dim2=-1), torch.ones(3, 3, dtype=torch.float64))
+    torch.testing.assert_close(potential.pack(values), z0, rtol=1e-9, atol=1e-9)
+    unpacked = potential.unpack(z0)
+    assert unpacked["corr"].shape == (3, 3) and unpacked["weights"].shape == (3, 2)
+
+
+def test_float32_follows_the_data():
+    args, kwargs = eight_schools_data(dtype=torch.float32)
+    eager, z0 = initialize_model(eight_schools, args, kwargs, num_chains=2, compile=False)
+    compiled, _ = initialize_model(eight_schools, args, kwargs, num_chains=2, compile=True)
+    assert z0.dtype == torch.float32 and eager.dtype == torch.float32
+    value, grad = compiled.value_and_grad(z0)
+    ref_value, ref_grad = eager.value_and_grad(z0)
+    assert value.dtype == torch.float32 and grad.dtype == torch.float32
+    torch.testing.assert_close(value, ref_value, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-4)
+
+
+def test_environment_switch_runs_eagerly(monkeypatch, float64):
+    monkeypatch.setenv("PROBTORCH_COMPILE", "0")
+    assert compile_enabled(None) is False
+    assert compile_enabled(True) is True
+    args, kwargs = eight_schools_data()
+    potential = Potential(eight_schools, args, kwargs)
+    assert potential.compiled is False
+    monkeypatch.setenv("PROBTORCH_COMPILE", "1")
+    assert Potential(eight_schools, args, kwargs).compiled is True
+
+
+def test_compiled_potential_value_has_no_breaks(float64):
+    args, kwargs = eight_schools_data()
+    compiled, z0 = initialize_model(eight_schools, args, kwargs, num_chains=2, compile=True)
+    with count_compiles() as stats:
+        value = compiled(z0)
+        again = compiled(z0 + 1)
+    assert stats.graph_breaks == 0 and stats.graphs == 1
+    torch.testing.assert_close(value, compiled.value_and_grad(z0)[0], rtol=1e-12, atol=1e-12)
+    assert not torch.equal(value, again)
+
+
+def test_many_potentials_each_compile_their_own_graph(float64):
+    """Dynamo's per-code recompile limit (8) must not push the 9th potential to eager."""
+    args, _ = eight_schools_data()
+    with count_compiles() as stats:
+        for i in range(10):
+            y = torch.tensor(EIGHT_Y, dtype=torch.float64) + i
+            compiled, z0 = initialize_model(eight_schools, args, {"y": y}, compile=True)
+            eager = Potential(eight_schools, args, {"y": y}, compile=False)
+            torch.testing.assert_close(compiled(z0), eager(z0), rtol=1e-12, atol=1e-12)
+    assert stats.graphs == 10 and stats.graph_breaks == 0
+
+
+def test_nonfinite_values_inside_compiled_code_do_not_raise(float64):
+    args, kwargs = eight_schools_data()
+    compiled, z0 = initialize_model(eight_schools, args, kwargs, num_chains=2, compile=True)
+    z = z0.clone()
+    z[0, 1] = float("inf")  # tau = inf
+    value, grad = compiled.value_and_grad(z)
+    assert not bool(torch.isfinite(value[0]) and torch.isfinite(grad[0]).all())
+    assert bool(torch.isfinite(value[1]))
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [init_to_uniform, init_to_uniform(radius=0.5), init_to_median, init_to_sample],
+    ids=["uniform", "uniform_r05", "median", "sample"],
+)
+def test_init_strategies_give_finite_starts(strategy, float64):
+    model, make_data = MODELS["constrained_sites"]
+    args, kwargs = make_data()
+    potential, z0 = initialize_model(
+        model, args, kwargs, num_chains=4, init_strategy=strategy, compile=False
+    )
+    assert z0.shape == (4, potential.dim)
+    value, grad = potential.value_and_grad(z0)
+    assert bool(torch.isfinite(value).all() and torch.isfinite(grad).all())
+    assert len({tuple(row.tolist()) for row in z0}) == 4  # chains start apart
+
+
+def test_init_radius_bounds_unconstrained_values(float64):
+    args, kwargs = eight_schools_data()
+    _, z0 = initialize_model(
+        eight_schools, args, kwargs, num_chains=8, init_strategy=init_to_uniform(radius=0.5),
+        compile=False,
+    )
+    assert float(z0.abs().max()) <= 0.5
+
+
+def test_init_to_value_and_init_params(float64):
+    args, kwargs = eight_schools_data()
+    strategy = init_to_value(values={"mu": 1.5, "tau": 2.0})
+    potential, z0 = initialize_model(
+        eight_schools, args, kwargs, num_chains=3, init_strategy=strategy, compile=False
+    )
+    torch.testing.assert_close(z0[:, 0], torch.full((3,), 1.5, dtype=torch.float64))
+    torch.testing.assert_close(z0[:, 1], torch.full((3,), math.log(2.0), dtype=torch.float64))
+    init = {"mu": torch.tensor(0.5), "tau": torch.tensor(3.0), "theta": torch.zeros(8)}
+    _, z1 = initialize_model(eight_schools, args, kwargs, num_chains=2, init_params=init, compile=False)
+    assert z1.shape == (2, 10)
+    torch.testing.assert_close(potential.constrain(z1)["tau"], torch.full((2,), 3.0, dtype=torch.float64))
+
+
+def test_init_to_median_is_near_the_prior_median(float64):
+    def model():
+        pt.sample("x", dist.LogNormal(2.0, 0.01))
+
+    _, z0 = initialize_model(model, num_chains=2, init_strategy=init_to_median, compile=False)
+    assert torch.allclose(z0, torch.full((2, 1), 2.0, dtype=torch.float64), atol=0.02)
+
+
+def test_initialization_error_names_the_site_with_infinite_density(float64):
+    def model():
+        x = pt.sample("x", dist.Normal(0.0, 1.0))
+        pt.factor("impossible", torch.where(x > 100.0, 0.0, -math.inf))
+
+    with pytest.raises(InitializationError, match=r"after 7 tries.*'impossible'"):
+        initialize_model(model, max_tries=7, compile=False)
+
+
+def test_initialization_error_names_the_site_with_infinite_gradient(float64):
+    def model():
+        x = pt.sample("x", dist.Normal(0.0, 1.0))
+        pt.factor("kink", -x.abs().sqrt())
+
+    with pytest.raises(InitializationError, match=r"'x'"):
+        initialize_model(
+            model, init_strategy=init_to_value(values={"x": 0.0}), max_tries=3, compile=False
+        )
+
+
+def test_discrete_latent_site_is_rejected_by_name():
+    def model():
+        pt.sample("k", dist.Poisson(3.0))
+
+    with pytest.raises(ValueError, match=r"latent site 'k'.*discrete.*Poisson"):
+        Potential(model, compile=False)
+
+
+def test_subsampled_plate_is_rejected_by_name():
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        with pt.plate("data", len(y), subsample_size=2) as idx:
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+    with pytest.raises(ValueError, match=r"plate 'data' subsamples 2 of 5"):
+        Potential(model, (torch.zeros(5),), compile=False)
+
+
+def test_model_without_latents_is_rejected():
+    def model():
+        pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
+
+    with pytest.raises(ValueError, match="no latent sample sites"):
+        Potential(model, compile=False)
+
+
+def _value_dependent_shape_model():
+    n = pt.sample("n_float", dist.Uniform(1.0, 3.0))
+    pt.sample("x", dist.Normal(0.0, 1.0).expand([int(n.item())]).to_event(1))
+
+
+def test_latent_shape_depending_on_values_is_rejected(float64):
+    with pytest.raises(ValueError, match=r"latent site 'x' has shape \(\d,\) in this run"):
+        initialize_model(_value_dependent_shape_model, num_chains=4, compile=False)
+
+
+def test_reading_latent_values_in_python_names_the_site(float64):
+    potential = Potential(_value_dependent_shape_model, compile=False)
+    z = torch.zeros(2, potential.dim, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"failed after site 'n_float'.*\.item\(\)"):
+        potential(z)
+
+
+def test_wrong_z_shape_is_rejected(float64):
+    args, kwargs = eight_schools_data()
+    potential = Potential(eight_schools, args, kwargs, compile=False)
+    with pytest.raises(ValueError, match=r"z must have shape \(chains, 10\).*got \(10,\)"):
+        potential(torch.zeros(10))
+
+
+def test_invalid_parameter_is_reported_with_the_site(float64):
+    def model():
+        pt.sample("s", dist.Normal(0.0, -1.0))
+
+    with pytest.raises(ValueError, match=r"site 's'.*'scale'.*Normal"):
+        Potential(model, compile=False)

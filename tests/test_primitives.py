@@ -1,0 +1,567 @@
+"""Tests of the modeling primitives: sample, param, plate, deterministic, factor, module.
+
+Expected values come from scipy.stats or are computed by hand; random draws are compared
+with the draws torch makes from the same seed.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch.distributions import constraints
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.handlers import replay, seed, substitute, trace
+from probtorch.runtime import CondIndepStackFrame, get_stack
+
+# float(param) is how a user reads a parameter; torch warns because params require grad.
+pytestmark = pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")
+
+
+@pytest.fixture
+def f64():
+    torch.set_default_dtype(torch.float64)  # conftest restores the default dtype
+
+
+# -- sample ---------------------------------------------------------------------------
+
+
+def test_sample_latent_draws_from_seeded_torch_generator():
+    def model():
+        a = pt.sample("a", dist.Normal(1.0, 2.0))
+        b = pt.sample("b", dist.Poisson(3.0), sample_shape=(4,))
+        return a, b
+
+    a, b = seed(model, rng_seed=7)()
+    torch.manual_seed(7)
+    expected_a = dist.Normal(1.0, 2.0).rsample()
+    expected_b = dist.Poisson(3.0).sample((4,))
+    assert torch.equal(a, expected_a)
+    assert torch.equal(b, expected_b)
+
+
+def test_sample_latent_site_in_trace():
+    def model():
+        return pt.sample("x", dist.Normal(torch.zeros(3), 1.0), sample_shape=(2,))
+
+    tr = trace(seed(model, rng_seed=0)).get_trace()
+    site = tr["x"]
+    assert site.type == "sample"
+    assert not site.is_observed
+    assert site.value.shape == (2, 3)
+    assert site["value"] is site.value  # dict-style access, as in Pyro traces
+    assert tr.nodes["x"] is site
+    assert site.kwargs["sample_shape"] == (2,)
+    assert site.cond_indep_stack == ()
+
+
+def test_sample_latent_is_differentiable_rsample():
+    loc = torch.tensor(0.5, requires_grad=True)
+
+    def model():
+        return pt.sample("x", dist.Normal(loc, 1.0))
+
+    x = seed(model, rng_seed=0)()
+    x.backward()
+    assert loc.grad == 1.0  # x = loc + eps
+
+
+def test_sample_observed_returns_obs_and_is_observed():
+    def model(y):
+        return pt.sample("y", dist.Normal(0.0, 1.0), obs=y)
+
+    tr = trace(model).get_trace(torch.tensor(0.3))
+    assert tr["y"].is_observed
+    assert float(tr["y"].value) == pytest.approx(0.3)
+    # plain Python numbers become tensors
+    tr = trace(model).get_trace(2.0)
+    assert isinstance(tr["y"].value, torch.Tensor)
+    assert float(tr["y"].value) == 2.0
+
+
+def test_sample_without_any_handler():
+    y = torch.tensor([1.0, 2.0])
+    assert pt.sample("y", dist.Normal(0.0, 1.0), obs=y) is y
+    with pytest.raises(pt.RandomnessError, match="'x'"):
+        pt.sample("x", dist.Normal(0.0, 1.0))
+
+
+def test_sample_obs_mask_sites_and_value(f64):
+    obs = torch.tensor([1.0, -2.0, 3.0, 0.5, -1.5])
+    obs_mask = torch.tensor([True, False, True, False, True])
+    loc, scale = 0.25, 1.5
+
+    def model():
+        with pt.plate("data", 5):
+            return pt.sample("y", dist.Normal(loc, scale), obs=obs, obs_mask=obs_mask)
+
+    tracer = trace(seed(model, rng_seed=3))
+    value = tracer()
+    tr = tracer.trace
+    assert list(tr) == ["data", "y_unobserved", "y_observed", "y"]
+    unobserved, observed = tr["y_unobserved"], tr["y_observed"]
+    assert not unobserved.is_observed and unobserved.value.shape == (5,)
+    assert observed.is_observed and torch.equal(observed.value, obs)
+    # the combined value: observed entries where the mask is True, imputed elsewhere
+    expected = torch.where(obs_mask, obs, unobserved.value)
+    assert torch.equal(value, expected)
+    assert tr["y"].type == "deterministic" and torch.equal(tr["y"].value, expected)
+    assert torch.equal(value[obs_mask], obs[obs_mask])
+    assert torch.equal(value[~obs_mask], unobserved.value[~obs_mask])
+
+    # each half contributes only where it is responsible
+    lp = tr.log_densities()
+    ref_obs = stats.norm(loc, scale).logpdf(obs.numpy())
+    ref_unobs = stats.norm(loc, scale).logpdf(unobserved.value.numpy())
+    m = obs_mask.numpy()
+    np.testing.assert_allclose(lp["y_observed"].numpy(), np.where(m, ref_obs, 0.0), rtol=1e-12)
+    np.testing.assert_allclose(
+        lp["y_unobserved"].numpy(), np.where(m, 0.0, ref_unobs), rtol=1e-12
+    )
+    assert tr.log_likelihood().keys() == {"y_observed"}
+
+
+def test_sample_obs_mask_broadcasts_over_event_dims(f64):
+    obs = torch.arange(8.0).reshape(4, 2)
+    obs_mask = torch.tensor([True, False, False, True])
+
+    def model():
+        fn = dist.Normal(torch.zeros(4, 2), 1.0).to_event(1)
+        return pt.sample("y", fn, obs=obs, obs_mask=obs_mask)
+
+    tracer = trace(seed(model, rng_seed=0))
+    value = tracer()
+    unobserved = tracer.trace["y_unobserved"].value
+    assert value.shape == (4, 2)
+    assert torch.equal(value[obs_mask], obs[obs_mask])
+    assert torch.equal(value[~obs_mask], unobserved[~obs_mask])
+    lp = tracer.trace.log_densities()["y_observed"]
+    ref = stats.norm.logpdf(obs.numpy()).sum(-1)
+    np.testing.assert_allclose(lp.numpy(), np.where(obs_mask.numpy(), ref, 0.0), rtol=1e-12)
+
+
+def test_sample_obs_mask_without_obs_raises():
+    with pytest.raises(ValueError, match="'y'.*obs_mask was given without obs"):
+        pt.sample("y", dist.Normal(0.0, 1.0), obs_mask=torch.tensor(True))
+
+
+# -- param ----------------------------------------------------------------------------
+
+
+def test_param_default_store_and_init_only_once():
+    store = pt.get_param_store()
+    w = pt.param("w", torch.tensor([1.0, 2.0]))
+    assert "w" in store and len(store) == 1
+    assert torch.equal(w, torch.tensor([1.0, 2.0]))
+    assert w.requires_grad
+    # a second call ignores its init value and returns the stored parameter
+    again = pt.param("w", torch.tensor([5.0, 5.0]))
+    assert again is store.unconstrained("w")
+    assert torch.equal(again, torch.tensor([1.0, 2.0]))
+    # without init value a known param is fine, an unknown one is an error
+    assert torch.equal(pt.param("w"), w)
+    with pytest.raises(KeyError, match="'nope'"):
+        pt.param("nope")
+    # plain numbers are accepted
+    assert pt.param("c", 3).item() == 3.0
+
+
+@pytest.mark.parametrize(
+    "constraint, init, unconstrained",
+    [
+        (constraints.positive, 2.0, math.log(2.0)),
+        (constraints.unit_interval, 0.25, math.log(0.25 / 0.75)),
+        (constraints.interval(1.0, 3.0), 2.5, math.log(0.75 / 0.25)),
+        (constraints.greater_than(-1.0), 0.0, 0.0),
+    ],
+)
+def test_param_constraints(f64, constraint, init, unconstrained):
+    value = pt.param("p", torch.tensor(init), constraint=constraint)
+    store = pt.get_param_store()
+    assert float(value) == pytest.approx(init, abs=1e-12)
+    assert float(store.unconstrained("p")) == pytest.approx(unconstrained, abs=1e-12)
+    assert store.constraint("p") is constraint
+    # optimizing the unconstrained leaf changes the constrained value consistently
+    with torch.no_grad():
+        store.unconstrained("p").add_(10.0)
+    moved = float(pt.param("p"))
+    assert bool(constraint.check(torch.tensor(moved)))
+    assert moved == pytest.approx(
+        float(dist.biject_to(constraint)(torch.tensor(unconstrained + 10.0))), abs=1e-12
+    )
+
+
+def test_param_simplex_constraint_round_trip(f64):
+    init = torch.tensor([0.2, 0.3, 0.5])
+    value = pt.param("probs", init, constraint=constraints.simplex)
+    assert torch.allclose(value, init, atol=1e-12)
+    assert pt.get_param_store().unconstrained("probs").shape == (2,)
+
+
+def test_param_init_outside_constraint_raises():
+    with pytest.raises(ValueError, match="'s'.*constraint"):
+        pt.param("s", torch.tensor(-1.0), constraint=constraints.positive)
+
+
+def test_param_gradient_flows_to_unconstrained_leaf(f64):
+    s = pt.param("s", torch.tensor(2.0), constraint=constraints.positive)
+    s.backward()
+    # d exp(u) / du = exp(u) = 2
+    assert float(pt.get_param_store().unconstrained("s").grad) == pytest.approx(2.0)
+
+
+def test_param_init_from_callable_called_once():
+    calls = []
+
+    def init():
+        calls.append(1)
+        return torch.full((2, 2), 0.5)
+
+    first = pt.param("m", init, constraint=constraints.unit_interval)
+    second = pt.param("m", init, constraint=constraints.unit_interval)
+    assert len(calls) == 1
+    assert torch.allclose(first, torch.full((2, 2), 0.5))
+    assert torch.equal(first, second)
+
+
+def test_param_scope_uses_separate_store():
+    store_a, store_b = pt.ParamStore(), pt.ParamStore()
+
+    def model():
+        return pt.param("w", torch.tensor(1.0))
+
+    with pt.param_scope(store_a):
+        w_a = model()
+    w_b = pt.param_scope(store_b, model)()
+    with torch.no_grad():
+        store_a.unconstrained("w").fill_(4.0)
+    assert "w" not in pt.get_param_store()
+    assert list(store_a.keys()) == ["w"] and list(store_b.keys()) == ["w"]
+    assert w_a is store_a.unconstrained("w") and w_b is store_b.unconstrained("w")
+    assert float(pt.param_scope(store_a, model)()) == 4.0
+    assert float(pt.param_scope(store_b, model)()) == 1.0
+    # outside any scope the default store is used again
+    assert float(model()) == 1.0 and "w" in pt.get_param_store()
+
+
+def test_param_site_in_trace_and_substitute():
+    def model():
+        return pt.param("p", torch.tensor(0.5), constraint=constraints.unit_interval)
+
+    tr = trace(model).get_trace()
+    assert tr["p"].type == "param"
+    assert float(tr["p"].value) == pytest.approx(0.5)
+    sub = substitute(model, data={"p": torch.tensor(0.9)})
+    assert float(sub()) == pytest.approx(0.9)
+    assert float(pt.param("p")) == pytest.approx(0.5)  # the store is untouched
+
+
+def test_param_read_twice_in_one_run():
+    def model():
+        a = pt.param("a", torch.tensor(1.0))
+        b = pt.param("a", torch.tensor(1.0))
+        return a, b
+
+    tr = trace(model).get_trace()
+    assert list(tr) == ["a"]
+    assert float(tr["a"].value) == 1.0
+
+
+# -- plate ----------------------------------------------------------------------------
+
+
+def test_plate_broadcasts_sites_at_automatic_dims():
+    def model():
+        with pt.plate("outer", 3) as outer:
+            a = pt.sample("a", dist.Normal(0.0, 1.0))
+            with pt.plate("inner", 2):
+                b = pt.sample("b", dist.Normal(0.0, 1.0))
+                c = pt.sample("c", dist.Normal(torch.zeros(3), 1.0))
+        return outer, a, b, c
+
+    tracer = trace(seed(model, rng_seed=0))
+    outer, a, b, c = tracer()
+    tr = tracer.trace
+    assert torch.equal(outer, torch.arange(3))
+    assert a.shape == (3,)
+    assert b.shape == (2, 3)
+    assert c.shape == (2, 3)
+    outer_frame = CondIndepStackFrame("outer", -1, 3, 3)
+    inner_frame = CondIndepStackFrame("inner", -2, 2, 2)
+    assert tr["a"].cond_indep_stack == (outer_frame,)
+    # innermost plate first, as in NumPyro
+    assert tr["b"].cond_indep_stack == (inner_frame, outer_frame)
+    assert tr["b"].fn.batch_shape == (2, 3)
+    assert tr["outer"].type == "plate" and torch.equal(tr["outer"].value, torch.arange(3))
+    assert tr.log_densities()["b"].shape == (2, 3)
+    assert get_stack() == []
+
+
+def test_plate_explicit_dim():
+    def model():
+        with pt.plate("rows", 3, dim=-2):
+            x = pt.sample("x", dist.Normal(0.0, 1.0))
+            with pt.plate("cols", 4):  # automatic: the free dim -1
+                y = pt.sample("y", dist.Normal(0.0, 1.0))
+        with pt.plate("deep", 2, dim=-3):
+            z = pt.sample("z", dist.Normal(torch.zeros(5), 1.0))
+        return x, y, z
+
+    tracer = trace(seed(model, rng_seed=0))
+    x, y, z = tracer()
+    assert x.shape == (3, 1)
+    assert y.shape == (3, 4)
+    assert z.shape == (2, 1, 5)
+    assert tracer.trace["y"].cond_indep_stack == (
+        CondIndepStackFrame("cols", -1, 4, 4),
+        CondIndepStackFrame("rows", -2, 3, 3),
+    )
+
+
+def test_plate_automatic_dim_skips_dims_of_enclosing_plates():
+    def model():
+        with pt.plate("a", 2, dim=-1):
+            with pt.plate("b", 3, dim=-2):
+                with pt.plate("c", 4):
+                    return pt.sample("x", dist.Normal(0.0, 1.0))
+
+    assert seed(model, rng_seed=0)().shape == (4, 3, 2)
+
+
+def test_plate_explicit_dim_collision_and_bad_arguments():
+    with pytest.raises(ValueError, match="plate 'b': dim -1 is already used"):
+        with pt.plate("a", 2):
+            with pt.plate("b", 2, dim=-1):
+                pass
+    assert get_stack() == []
+    with pytest.raises(ValueError, match="dim must be negative"):
+        pt.plate("p", 3, dim=0)
+    with pytest.raises(ValueError, match="size must be >= 0"):
+        pt.plate("p", -1)
+    with pytest.raises(ValueError, match=r"subsample_size must lie in \[0, size=3\]"):
+        pt.plate("p", 3, subsample_size=4)
+
+
+def test_plate_reused_twice():
+    def model(data_x, data_y):
+        p = pt.plate("data", 4)
+        with p:
+            x = pt.sample("x", dist.Normal(0.0, 1.0), obs=data_x)
+        with p:
+            y = pt.sample("y", dist.Normal(0.0, 1.0), obs=data_y)
+        return x, y
+
+    tr = trace(model).get_trace(torch.zeros(4), torch.ones(4))
+    assert list(tr) == ["data", "x", "y"]
+    frame = CondIndepStackFrame("data", -1, 4, 4)
+    assert tr["x"].cond_indep_stack == (frame,) == tr["y"].cond_indep_stack
+
+
+def test_plate_reused_twice_with_subsample_uses_the_same_indices():
+    def model():
+        p = pt.plate("data", 10, subsample_size=3)
+        with p as first:
+            pass
+        with p as second:
+            pass
+        return first, second
+
+    tracer = trace(seed(model, rng_seed=4))
+    first, second = tracer()
+    assert torch.equal(first, second)
+    assert torch.equal(tracer.trace["data"].value, first)
+
+
+def test_plate_subsample_indices_are_seeded():
+    def model():
+        with pt.plate("data", 10, subsample_size=4) as idx:
+            return idx
+
+    idx = seed(model, rng_seed=11)()
+    torch.manual_seed(11)
+    assert torch.equal(idx, torch.randperm(10)[:4])
+    assert len(set(idx.tolist())) == 4
+    assert torch.equal(seed(model, rng_seed=11)(), idx)
+    with pytest.raises(pt.RandomnessError, match="plate 'data'.*seed"):
+        trace(model)()
+    # full-size plates need no random numbers
+    with trace():
+        with pt.plate("full", 3) as full:
+            pass
+    assert torch.equal(full, torch.arange(3))
+
+
+def test_plate_subsample_sizes_sites_and_scales_log_density(f64):
+    data = torch.linspace(-2.0, 2.0, 10)
+
+    def model():
+        with pt.plate("data", 10, subsample_size=4) as idx:
+            pt.sample("y", dist.Normal(0.5, 2.0), obs=data[idx])
+        return idx
+
+    tracer = trace(seed(model, rng_seed=2))
+    idx = tracer()
+    tr = tracer.trace
+    assert tr["y"].cond_indep_stack == (CondIndepStackFrame("data", -1, 10, 4),)
+    assert tr["y"].scale == pytest.approx(2.5)
+    expected = 2.5 * stats.norm(0.5, 2.0).logpdf(data[idx].numpy())
+    np.testing.assert_allclose(tr.log_densities()["y"].numpy(), expected, rtol=1e-12)
+    assert float(tr.log_prob_sum()) == pytest.approx(expected.sum(), rel=1e-12)
+    # pointwise log likelihood is not scaled
+    np.testing.assert_allclose(
+        tr.log_likelihood()["y"].numpy(), expected / 2.5, rtol=1e-12
+    )
+
+
+def test_plate_subsample_with_plate_size_one_batch_is_expanded(f64):
+    def model():
+        with pt.plate("data", 6, subsample_size=2):
+            return pt.sample("z", dist.Normal(0.0, 1.0))
+
+    assert seed(model, rng_seed=0)().shape == (2,)
+
+
+def _subsampled_loglik(model, data, idx):
+    tr = trace(substitute(model, data={"data": idx})).get_trace(data)
+    return float(tr.log_prob_sum())
+
+
+@pytest.mark.parametrize("subsample_size", [1, 2, 3])
+def test_plate_subsample_average_over_all_subsamples_is_full_log_likelihood(
+    f64, subsample_size
+):
+    data = torch.tensor([0.3, -1.2, 2.5, 0.0, 1.1, -0.7])
+    n = len(data)
+
+    def model(data):
+        with pt.plate("data", n, subsample_size=subsample_size) as idx:
+            pt.sample("y", dist.StudentT(4.0, 0.2, 1.3), obs=data[idx])
+
+    full = stats.t(4.0, 0.2, 1.3).logpdf(data.numpy()).sum()
+    subsets = list(itertools.combinations(range(n), subsample_size))
+    assert len(subsets) == math.comb(n, subsample_size)
+    values = [_subsampled_loglik(model, data, torch.tensor(s)) for s in subsets]
+    assert np.mean(values) == pytest.approx(full, abs=1e-10)
+    # a partition into disjoint subsamples is also unbiased
+    if n % subsample_size == 0:
+        blocks = torch.arange(n).reshape(-1, subsample_size)
+        disjoint = [_subsampled_loglik(model, data, b) for b in blocks]
+        assert np.mean(disjoint) == pytest.approx(full, abs=1e-10)
+
+
+def test_nested_subsampled_plates_multiply_scales(f64):
+    def model():
+        with pt.plate("a", 6, subsample_size=3):
+            with pt.plate("b", 4, subsample_size=1):
+                pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.zeros(1, 3))
+
+    tr = trace(seed(model, rng_seed=0)).get_trace()
+    assert tr["y"].scale == pytest.approx(2.0 * 4.0)
+    assert float(tr.log_prob_sum()) == pytest.approx(8.0 * 3 * stats.norm.logpdf(0.0))
+
+
+def test_plate_replayed_indices():
+    def model():
+        with pt.plate("data", 20, subsample_size=5) as idx:
+            pt.sample("x", dist.Normal(0.0, 1.0))
+        return idx
+
+    guide_trace = trace(seed(model, rng_seed=1)).get_trace()
+    replayed = trace(seed(replay(model, trace=guide_trace), rng_seed=2)).get_trace()
+    assert torch.equal(replayed["data"].value, guide_trace["data"].value)
+    assert torch.equal(replayed["x"].value, guide_trace["x"].value)
+    unreplayed = seed(model, rng_seed=2)()
+    assert not torch.equal(unreplayed, guide_trace["data"].value)
+
+
+def test_plate_without_handlers_and_param_not_broadcast():
+    with pt.plate("data", 5, subsample_size=2) as idx:
+        assert len(get_stack()) == 1
+        assert idx.shape == (2,)
+        w = pt.param("w", torch.tensor(1.0))
+    assert w.shape == ()
+    assert get_stack() == []
+
+
+# -- deterministic, factor, module ----------------------------------------------------
+
+
+def test_deterministic():
+    value = torch.tensor([1.0, 2.0])
+    assert pt.deterministic("d", value) is value  # no handler
+
+    def model():
+        x = pt.sample("x", dist.Normal(0.0, 1.0))
+        return pt.deterministic("double", 2 * x)
+
+    tracer = trace(seed(model, rng_seed=0))
+    out = tracer()
+    tr = tracer.trace
+    assert tr["double"].type == "deterministic"
+    assert torch.equal(out, 2 * tr["x"].value)
+    assert torch.equal(tr["double"].value, out)
+    assert set(tr.log_densities()) == {"x"}
+    assert float(tr.log_prob_sum()) == pytest.approx(
+        float(stats.norm.logpdf(float(tr["x"].value))), rel=1e-6
+    )
+
+
+def test_factor_adds_to_log_prob_sum(f64):
+    def model():
+        pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(0.5))
+        pt.factor("penalty", torch.tensor(-3.25))
+        with pt.plate("data", 3):
+            pt.factor("vector", torch.tensor([0.5, 1.0, -2.0]))
+
+    tr = trace(model).get_trace()
+    site = tr["penalty"]
+    assert site.type == "sample" and site.is_observed
+    assert site.infer["is_auxiliary"]
+    assert float(tr.log_densities()["penalty"]) == -3.25
+    assert tr.log_densities()["vector"].tolist() == [0.5, 1.0, -2.0]
+    expected = stats.norm.logpdf(0.5) - 3.25 + (0.5 + 1.0 - 2.0)
+    assert float(tr.log_prob_sum()) == pytest.approx(expected, abs=1e-12)
+    assert set(tr.log_likelihood()) == {"y"}
+
+
+def test_factor_gradient():
+    theta = torch.tensor(2.0, requires_grad=True)
+
+    def model():
+        pt.factor("f", -(theta**2))
+
+    trace(model).get_trace().log_prob_sum().backward()
+    assert float(theta.grad) == -4.0
+
+
+def test_module_registers_parameters():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 2)
+    assert pt.module("net", net) is net
+    store = pt.get_param_store()
+    assert sorted(store.keys()) == ["net$$$bias", "net$$$weight"]
+    # the module's own parameters are stored, so training the store trains the module
+    assert store.unconstrained("net$$$weight") is net.weight
+    assert store.unconstrained("net$$$bias") is net.bias
+
+    def model():
+        pt.module("net", net)
+
+    tr = trace(model).get_trace()
+    assert list(tr) == ["net$$$weight", "net$$$bias"]
+    assert all(site.type == "param" for site in tr.values())
+    assert tr["net$$$weight"].value is net.weight
+
+
+def test_module_in_param_scope():
+    net = torch.nn.Linear(2, 1)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        pt.module("net", net)
+    assert sorted(store.keys()) == ["net$$$bias", "net$$$weight"]
+    assert len(pt.get_param_store()) == 0
+    assert set(map(id, store.parameters())) == {id(p) for p in net.parameters()}
