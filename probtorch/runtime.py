@@ -195,5 +195,14 @@ class Messenger:
                 self.fn = args[0]
                 return self
             raise TypeError(f"{type(self).__name__} has no function to call")
-        with self:
-            return self.fn(*args, **kwargs)
+        # Explicit enter/exit rather than ``with self``: TorchDynamo cannot enter a context
+        # manager created outside the compiled region, but it inlines these method calls, so
+        # a model wrapped in handlers compiles.
+        self.__enter__()
+        try:
+            result = self.fn(*args, **kwargs)
+        except BaseException as error:
+            self.__exit__(type(error), error, error.__traceback__)
+            raise
+        self.__exit__(None, None, None)
+        return result

@@ -319,3 +319,22 @@ def test_invalid_parameter_is_reported_with_the_site(float64):
 
     with pytest.raises(ValueError, match=r"site 's'.*'scale'.*Normal"):
         Potential(model, compile=False)
+
+
+def test_models_wrapped_in_handlers_compile_without_breaks(float64):
+    """Handlers created outside the compiled region (reparam, condition, ...) still compile."""
+    from probtorch.reparam import LocScaleReparam
+
+    args, kwargs = eight_schools_data()
+    noncentered = pt.handlers.reparam(eight_schools, config={"theta": LocScaleReparam(0.0)})
+    conditioned = pt.handlers.condition(noncentered, data={"y": kwargs["y"]})
+    eager, z0 = initialize_model(conditioned, args, num_chains=2, compile=False)
+    compiled, _ = initialize_model(conditioned, args, num_chains=2, compile=True)
+    assert compiled.site_names == ["mu", "tau", "theta_decentered"]
+    with count_compiles() as stats:
+        value, grad = compiled.value_and_grad(z0)
+    assert stats.graph_breaks == 0 and stats.graphs == 1
+    ref_value, ref_grad = eager.value_and_grad(z0)
+    torch.testing.assert_close(value, ref_value, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+    assert compiled.constrain(z0)["theta"].shape == (2, 8)
