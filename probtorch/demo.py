@@ -21,8 +21,31 @@ import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.inference.potential import initialize_model
 
-TEMPERATURE_F = [66, 70, 69, 68, 67, 72, 73, 70, 57, 63, 70, 78,
-                 67, 53, 67, 75, 70, 81, 76, 79, 75, 76, 58]
+TEMPERATURE_F = [
+    66,
+    70,
+    69,
+    68,
+    67,
+    72,
+    73,
+    70,
+    57,
+    63,
+    70,
+    78,
+    67,
+    53,
+    67,
+    75,
+    70,
+    81,
+    76,
+    79,
+    75,
+    76,
+    58,
+]
 DAMAGE = [0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1]
 
 
@@ -82,8 +105,10 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     print("probtorch demo: O-ring damage vs launch temperature (23 Shuttle launches),")
     print("Bayesian logistic regression, Laplace approximation at the compiled posterior mode")
-    print(f"latent sites {potential.site_names}, {potential.dim} unconstrained dims, "
-          f"compiled={potential.compiled}")
+    print(
+        f"latent sites {potential.site_names}, {potential.dim} unconstrained dims, "
+        f"compiled={potential.compiled}"
+    )
     print(f"mode of the potential: U = {potential(mode[None]).item():.3f}")
     print(summarize(draws))
     print(f"done in {elapsed:.1f} s (including compilation)")

@@ -52,15 +52,20 @@ def constrained_sites(y):
     corr = pt.sample("corr", dist.LKJCholesky(3, torch.tensor(2.0, dtype=y.dtype)))
     scale_tril = (scales * weights.sqrt())[..., None] * corr
     with pt.plate("n", y.shape[0]):
-        pt.sample("y", dist.MultivariateNormal(torch.zeros(3, dtype=y.dtype), scale_tril=scale_tril), obs=y)
+        pt.sample(
+            "y",
+            dist.MultivariateNormal(torch.zeros(3, dtype=y.dtype), scale_tril=scale_tril),
+            obs=y,
+        )
 
 
 def constrained_sites_data(n=30, seed=1, dtype=None):
     dtype = dtype or torch.get_default_dtype()
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, 3, generator=g, dtype=dtype) @ torch.tensor(
-        [[1.0, 0.0, 0.0], [0.5, 1.0, 0.0], [0.2, 0.3, 2.0]], dtype=dtype
-    ),), {}
+    return (
+        torch.randn(n, 3, generator=g, dtype=dtype)
+        @ torch.tensor([[1.0, 0.0, 0.0], [0.5, 1.0, 0.0], [0.2, 0.3, 2.0]], dtype=dtype),
+    ), {}
 
 
 def hierarchical_regression(group, x, num_groups, y=None):

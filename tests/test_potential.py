@@ -133,7 +133,9 @@ def test_pack_inverts_constrain(float64):
     assert torch.allclose(values["weights"].sum(-1), torch.ones(3, dtype=torch.float64))
     assert bool(torch.all(values["scales"][:, 1:] > values["scales"][:, :-1]))
     corr = values["corr"] @ values["corr"].transpose(-1, -2)
-    assert torch.allclose(torch.diagonal(corr, dim1=-2, dim2=-1), torch.ones(3, 3, dtype=torch.float64))
+    assert torch.allclose(
+        torch.diagonal(corr, dim1=-2, dim2=-1), torch.ones(3, 3, dtype=torch.float64)
+    )
     torch.testing.assert_close(potential.pack(values), z0, rtol=1e-9, atol=1e-9)
     unpacked = potential.unpack(z0)
     assert unpacked["corr"].shape == (3, 3) and unpacked["weights"].shape == (3, 2)
@@ -215,7 +217,11 @@ def test_init_strategies_give_finite_starts(strategy, float64):
 def test_init_radius_bounds_unconstrained_values(float64):
     args, kwargs = eight_schools_data()
     _, z0 = initialize_model(
-        eight_schools, args, kwargs, num_chains=8, init_strategy=init_to_uniform(radius=0.5),
+        eight_schools,
+        args,
+        kwargs,
+        num_chains=8,
+        init_strategy=init_to_uniform(radius=0.5),
         compile=False,
     )
     assert float(z0.abs().max()) <= 0.5
@@ -230,9 +236,13 @@ def test_init_to_value_and_init_params(float64):
     torch.testing.assert_close(z0[:, 0], torch.full((3,), 1.5, dtype=torch.float64))
     torch.testing.assert_close(z0[:, 1], torch.full((3,), math.log(2.0), dtype=torch.float64))
     init = {"mu": torch.tensor(0.5), "tau": torch.tensor(3.0), "theta": torch.zeros(8)}
-    _, z1 = initialize_model(eight_schools, args, kwargs, num_chains=2, init_params=init, compile=False)
+    _, z1 = initialize_model(
+        eight_schools, args, kwargs, num_chains=2, init_params=init, compile=False
+    )
     assert z1.shape == (2, 10)
-    torch.testing.assert_close(potential.constrain(z1)["tau"], torch.full((2,), 3.0, dtype=torch.float64))
+    torch.testing.assert_close(
+        potential.constrain(z1)["tau"], torch.full((2,), 3.0, dtype=torch.float64)
+    )
 
 
 def test_init_to_median_is_near_the_prior_median(float64):

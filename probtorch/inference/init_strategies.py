@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 
 import torch
-from ..distributions.constraint_registry import biject_to
 
+from ..distributions.constraint_registry import biject_to
 from ..runtime import Message
 
 __all__ = ["init_to_uniform", "init_to_median", "init_to_sample", "init_to_value"]
@@ -29,7 +29,9 @@ def _is_latent(site: Message) -> bool:
 
 
 def _site_shape(site: Message) -> torch.Size:
-    return torch.Size(site.kwargs.get("sample_shape", ())) + site.fn.batch_shape + site.fn.event_shape
+    return (
+        torch.Size(site.kwargs.get("sample_shape", ())) + site.fn.batch_shape + site.fn.event_shape
+    )
 
 
 def init_to_uniform(site: Message | None = None, radius: float = 2.0):

@@ -14,12 +14,12 @@ compilation is switched off (``compile=False`` or ``PROBTORCH_COMPILE=0``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
-from ..distributions.constraint_registry import biject_to
 
+from ..distributions.constraint_registry import biject_to
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
 from ..validation import torch_validation
@@ -72,7 +72,9 @@ class _Unconstrain(Messenger):
                 f"latent site {msg.name!r} did not appear when the model was first traced; "
                 f"the latent sites of a model must not depend on the values of other sites"
             )
-        shape = torch.Size(msg.kwargs.get("sample_shape", ())) + msg.fn.batch_shape + msg.fn.event_shape
+        shape = (
+            torch.Size(msg.kwargs.get("sample_shape", ())) + msg.fn.batch_shape + msg.fn.event_shape
+        )
         expected = self.sites[msg.name].shape
         if shape != expected:
             raise ValueError(
@@ -317,7 +319,11 @@ class Potential:
         try:
             torch.func.vmap(run)(z.detach())
         except RuntimeError:
-            where = f"after site {collect.sites[-1].name!r}" if collect.sites else "before its first site"
+            where = (
+                f"after site {collect.sites[-1].name!r}"
+                if collect.sites
+                else "before its first site"
+            )
             raise ValueError(
                 f"the model failed {where} when evaluated for all chains at once "
                 f"({type(error).__name__}: {str(error).splitlines()[0]}). Potentials are "
@@ -391,9 +397,7 @@ def initialize_model(
         z0 = potential.pack(init_params)
         z0 = z0.expand(num_chains, potential.dim) if z0.dim() == 1 else z0
         if z0.shape[0] != num_chains:
-            raise ValueError(
-                f"init_params have {z0.shape[0]} chains, but num_chains={num_chains}"
-            )
+            raise ValueError(f"init_params have {z0.shape[0]} chains, but num_chains={num_chains}")
         _check_finite(potential, z0.clone(), "init_params")
         return potential, z0.clone()
 
