@@ -127,12 +127,14 @@ class TransformReparam(Reparam):
                 f"TransformReparam: site {name!r} has distribution {type(fn).__name__}, "
                 f"not a TransformedDistribution"
             )
+        # ``expand_shape`` is the batch shape of ``fn``; the base's full shape is what the
+        # transforms map back from the full shape of ``fn`` (batch + event).
         base_event_dim = event_dim
+        base_expand = torch.Size(expand_shape + tuple(fn.event_shape))
         for t in reversed(fn.transforms):
             base_event_dim += t.domain.event_dim - t.codomain.event_dim
-        base_expand = expand_shape[: len(expand_shape) - len(fn.event_shape)] + tuple(
-            fn.base_dist.event_shape
-        )
+            base_expand = t.inverse_shape(base_expand)
+        base_expand = tuple(base_expand)
         x = sample(f"{name}_base", self._wrap(fn.base_dist, base_expand, base_event_dim))
         for t in fn.transforms:
             x = t(x)

@@ -205,6 +205,7 @@ class Potential:
         batched_value_and_grad = torch.func.vmap(torch.func.grad_and_value(self._single_potential))
         batched_constrain = torch.func.vmap(self._single_constrain)
         self._value = compile_fn(batched_value, self.compiled)
+        self._batched_value_and_grad = batched_value_and_grad
         self._value_and_grad = compile_fn(batched_value_and_grad, self.compiled)
         self._constrain = batched_constrain  # output only, not in a hot loop
 
@@ -276,6 +277,14 @@ class Potential:
             self.model(*self.model_args, **self.model_kwargs)
         return record.values
 
+    def raw_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(value, grad)`` batched over chains, uncompiled and unchecked.
+
+        For use inside compiled kernels (which trace it) with distribution validation off.
+        """
+        grad, value = self._batched_value_and_grad(z)
+        return value, grad
+
     # -- public, batched over chains ---------------------------------------------------
     def _check_z(self, z: torch.Tensor) -> None:
         if z.dim() != 2 or z.shape[-1] != self.dim:
@@ -336,6 +345,30 @@ class Potential:
         self._check_z(z)
         with torch_validation(False):
             return self._constrain(z)
+
+    def log_likelihood(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Pointwise log likelihood of each observed site, for a batch of latent values.
+
+        ``values`` are constrained draws per latent site with one leading batch dimension;
+        returns ``{site: (N, *site_batch_shape)}`` (masked, not scaled; factors excluded).
+        """
+
+        def single(latent):
+            with torch_validation(False):
+                tr = trace(substitute(self.model, data=latent)).get_trace(
+                    *self.model_args, **self.model_kwargs
+                )
+            return tr.log_likelihood()
+
+        latent = {name: values[name] for name in self.site_names}
+        from ..validation import enable_validation, is_validation_enabled
+
+        was = is_validation_enabled()
+        enable_validation(False)  # per-draw values need no re-checking
+        try:
+            return torch.func.vmap(single)(latent)
+        finally:
+            enable_validation(was)
 
     # -- diagnosis -------------------------------------------------------------------
     def nonfinite_sites(self, z: torch.Tensor) -> list[str]:

@@ -1,0 +1,56 @@
+"""Euclidean metric and the velocity-Verlet (leapfrog) integrator, batched over chains.
+
+Everything is batched on a leading chain dimension: positions and momenta ``(C, D)``,
+step sizes ``(C,)``, an inverse mass matrix ``(C, D)`` (diagonal) or ``(C, D, D)`` (dense).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["velocity", "kinetic_energy", "sample_momentum", "leapfrog"]
+
+
+def velocity(inverse_mass: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``M^{-1} r`` per chain."""
+    if inverse_mass.dim() == r.dim():  # diagonal
+        return inverse_mass * r
+    return (inverse_mass @ r.unsqueeze(-1)).squeeze(-1)
+
+
+def kinetic_energy(inverse_mass: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``r^T M^{-1} r / 2`` per chain, shape ``(C,)``."""
+    return 0.5 * (r * velocity(inverse_mass, r)).sum(-1)
+
+
+def sample_momentum(mass_sqrt: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Momentum ``r ~ N(0, M)`` from standard normal ``noise``.
+
+    ``mass_sqrt`` is ``M^{1/2}`` elementwise (diagonal, ``(C, D)``) or a lower Cholesky
+    factor of ``M`` (dense, ``(C, D, D)``).
+    """
+    if mass_sqrt.dim() == noise.dim():
+        return mass_sqrt * noise
+    return (mass_sqrt @ noise.unsqueeze(-1)).squeeze(-1)
+
+
+def leapfrog(
+    value_and_grad: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    z: torch.Tensor,
+    r: torch.Tensor,
+    grad: torch.Tensor,
+    step_size: torch.Tensor,
+    inverse_mass: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One velocity-Verlet step of size ``step_size`` (per chain; negative goes backwards).
+
+    Returns ``(z, r, potential_energy, grad)`` at the new point.
+    """
+    eps = step_size.unsqueeze(-1)
+    r_half = r - 0.5 * eps * grad
+    z_new = z + eps * velocity(inverse_mass, r_half)
+    potential, grad_new = value_and_grad(z_new)
+    r_new = r_half - 0.5 * eps * grad_new
+    return z_new, r_new, potential, grad_new

@@ -1,0 +1,340 @@
+"""``NUTS`` and ``HMC``: the sampler kernels the ``MCMC`` driver runs.
+
+A kernel holds its configuration, builds the model's potential on ``setup`` and advances a
+:class:`SamplerState` (batched over chains) by one transition per ``sample`` call. The
+per-leapfrog state machines live in :mod:`.nuts` and :mod:`.hmc`; the executor that runs
+them (compiled chunks) in :mod:`.executor`; warmup adaptation in :mod:`.warmup`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from ...validation import torch_validation
+from ..init_strategies import init_to_uniform
+from ..potential import Potential, initialize_model
+from .adaptation import mass_sqrt_from_inverse
+from .executor import ChunkedLoop
+from .hmc import hmc_draw_randomness, hmc_init, hmc_iteration
+from .integrator import kinetic_energy, leapfrog, sample_momentum
+from .nuts import (
+    TransitionResult,
+    draw_randomness,
+    init_transition,
+    nuts_iteration,
+    transition_result,
+)
+
+__all__ = ["SamplerState", "NUTS", "HMC", "find_reasonable_step_size"]
+
+
+class SamplerState(NamedTuple):
+    """Where each chain is and how it moves (step size and metric), batched over chains."""
+
+    z: torch.Tensor  # (C, D) unconstrained position
+    potential_energy: torch.Tensor  # (C,)
+    grad: torch.Tensor  # (C, D)
+    step_size: torch.Tensor  # (C,)
+    inverse_mass: torch.Tensor  # (C, D) diagonal or (C, D, D) dense
+    mass_sqrt: torch.Tensor  # M^{1/2}: (C, D) or Cholesky factor (C, D, D)
+
+
+def find_reasonable_step_size(
+    value_and_grad: Callable,
+    state: SamplerState,
+    max_iter: int = 100,
+) -> torch.Tensor:
+    """Stan's initial step-size heuristic, per chain.
+
+    Double (or halve) the step size until the acceptance probability of one leapfrog step
+    from the current point, with fresh momentum, crosses 0.8.
+    """
+    z, pe, grad = state.z, state.potential_energy, state.grad
+    step = state.step_size.clone()
+    log_target = math.log(0.8)
+
+    def delta_h(step):
+        r = sample_momentum(state.mass_sqrt, torch.randn_like(z))
+        h0 = pe + kinetic_energy(state.inverse_mass, r)
+        _, r_new, pe_new, _ = leapfrog(value_and_grad, z, r, grad, step, state.inverse_mass)
+        h = pe_new + kinetic_energy(state.inverse_mass, r_new)
+        h = torch.where(torch.isnan(h), torch.full_like(h, math.inf), h)
+        return h0 - h
+
+    direction_up = delta_h(step) > log_target
+    searching = torch.ones_like(direction_up)
+    for _ in range(max_iter):
+        dh = delta_h(step)
+        stop = torch.where(direction_up, ~(dh > log_target), ~(dh < log_target))
+        searching = searching & ~stop
+        if not bool(searching.any()):
+            break
+        step = torch.where(searching, torch.where(direction_up, 2 * step, 0.5 * step), step)
+        step = step.clamp(1e-8, 1e7)
+    return step
+
+
+class _HamiltonianKernel:
+    """What NUTS and HMC share: the potential, initialization, metric and adaptation options."""
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        step_size: float = 1.0,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool = True,
+        dense_mass: bool = False,
+        inverse_mass_matrix: torch.Tensor | None = None,
+        target_accept_prob: float = 0.8,
+        init_strategy: Callable = init_to_uniform,
+        find_heuristic_step_size: bool = True,
+        compile: bool | None = None,
+        chunk_size: int = 4,
+    ):
+        if not callable(model):
+            raise TypeError(f"{type(self).__name__} needs a model function, got {model!r}")
+        if not step_size > 0:
+            raise ValueError(f"step_size must be positive, got {step_size}")
+        if not 0 < target_accept_prob < 1:
+            raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob}")
+        self.model = model
+        self.step_size = float(step_size)
+        self.adapt_step_size = adapt_step_size
+        self.adapt_mass_matrix = adapt_mass_matrix
+        self.dense_mass = dense_mass
+        self.inverse_mass_matrix = inverse_mass_matrix
+        self.target_accept_prob = target_accept_prob
+        self.init_strategy = init_strategy
+        self.find_heuristic_step_size = find_heuristic_step_size
+        self.compile = compile
+        self.chunk_size = chunk_size
+        self.potential: Potential | None = None
+
+    # -- set-up ---------------------------------------------------------------------
+    def setup(
+        self,
+        model_args: tuple,
+        model_kwargs: dict,
+        num_chains: int,
+        rng_seed: int,
+        init_params: dict | None = None,
+    ) -> SamplerState:
+        potential, z0 = initialize_model(
+            self.model,
+            model_args,
+            model_kwargs,
+            num_chains=num_chains,
+            init_strategy=self.init_strategy,
+            init_params=init_params,
+            rng_seed=rng_seed,
+            compile=self.compile,
+        )
+        self.potential = potential
+        self._build(potential)
+        pe, grad = potential.value_and_grad(z0)
+        inverse_mass = self._initial_inverse_mass(num_chains, potential.dim, z0)
+        step = torch.full((num_chains,), self.step_size, dtype=z0.dtype, device=z0.device)
+        state = SamplerState(z0, pe, grad, step, inverse_mass, mass_sqrt_from_inverse(inverse_mass))
+        if self.adapt_step_size and self.find_heuristic_step_size:
+            state = self.reset_step_size(state)
+        return state
+
+    def _initial_inverse_mass(self, num_chains: int, dim: int, z0: torch.Tensor) -> torch.Tensor:
+        given = self.inverse_mass_matrix
+        if given is None:
+            eye = torch.ones(dim, dtype=z0.dtype, device=z0.device)
+            given = torch.diag(eye) if self.dense_mass else eye
+        given = torch.as_tensor(given, dtype=z0.dtype, device=z0.device)
+        expected = (dim, dim) if self.dense_mass else (dim,)
+        if given.shape[-len(expected) :] != expected:
+            raise ValueError(
+                f"inverse_mass_matrix must have shape {expected} (dense_mass={self.dense_mass}) "
+                f"for the {dim} unconstrained dims of sites {self.potential.site_names}, got "
+                f"{tuple(given.shape)}"
+            )
+        return given.expand((num_chains,) + expected).clone()
+
+    def reset_step_size(self, state: SamplerState) -> SamplerState:
+        """Re-run the step-size heuristic from the current points (Stan does after each window)."""
+        with torch_validation(False):
+            step = find_reasonable_step_size(self.potential.value_and_grad, state)
+        return state._replace(step_size=step)
+
+    def _build(self, potential: Potential) -> None:
+        raise NotImplementedError
+
+    def sample(self, state: SamplerState) -> tuple[SamplerState, TransitionResult]:
+        raise NotImplementedError
+
+
+class NUTS(_HamiltonianKernel):
+    """The No-U-Turn Sampler (Stan's multinomial variant), compiled, vectorized over chains.
+
+    Args:
+        model: the model function.
+        step_size: initial step size (adapted during warmup unless ``adapt_step_size=False``).
+        adapt_step_size: dual-averaging step-size adaptation during warmup.
+        adapt_mass_matrix: windowed mass-matrix adaptation during warmup.
+        dense_mass: adapt a dense (rather than diagonal) mass matrix.
+        inverse_mass_matrix: the initial inverse mass matrix, ``(D,)`` or ``(D, D)``.
+        target_accept_prob: the acceptance statistic dual averaging aims for.
+        max_tree_depth: at most ``2**max_tree_depth - 1`` leapfrog steps per draw.
+        init_strategy: where chains start (see :mod:`probtorch.inference.init_strategies`).
+        max_delta_energy: an energy error above this is a divergence.
+        compile: compile the sampler (default: ``PROBTORCH_COMPILE``, on).
+        chunk_size: leapfrog iterations per compiled call.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> from probtorch.inference import MCMC
+        >>> def model():
+        ...     pt.sample("x", dist.Normal(1.0, 2.0))
+        >>> mcmc = MCMC(NUTS(model, compile=False), num_warmup=100, num_samples=100,
+        ...             progress_bar=False, seed=0)
+        >>> mcmc.run()
+        >>> mcmc.get_samples()["x"].shape
+        torch.Size([100])
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        max_tree_depth: int = 10,
+        max_delta_energy: float = 1000.0,
+        **kwargs,
+    ):
+        super().__init__(model, **kwargs)
+        if not 1 <= max_tree_depth <= 20:
+            raise ValueError(f"max_tree_depth must lie in [1, 20], got {max_tree_depth}")
+        self.max_tree_depth = int(max_tree_depth)
+        self.max_delta_energy = float(max_delta_energy)
+
+    def _build(self, potential: Potential) -> None:
+        value_and_grad = potential.raw_value_and_grad
+        max_depth, max_delta = self.max_tree_depth, self.max_delta_energy
+
+        def iteration(state, rand, step_size, inverse_mass):
+            return nuts_iteration(
+                state, rand, value_and_grad, step_size, inverse_mass, max_depth, max_delta
+            )
+
+        self._loop = ChunkedLoop(iteration, self.chunk_size, potential.compiled)
+
+    def sample(self, state: SamplerState) -> tuple[SamplerState, TransitionResult]:
+        C, D = state.z.shape
+        rand = draw_randomness(C, D, self.max_tree_depth, state.z.dtype, state.z.device)
+        tree = init_transition(
+            state.z,
+            state.potential_energy,
+            state.grad,
+            rand.momentum_noise,
+            state.mass_sqrt,
+            state.inverse_mass,
+            self.max_tree_depth,
+        )
+        tree = self._loop(tree, rand, state.step_size, state.inverse_mass)
+        result = transition_result(tree, state.inverse_mass)
+        new_state = state._replace(
+            z=result.z, potential_energy=result.potential_energy, grad=result.grad
+        )
+        return new_state, result
+
+
+class HMC(_HamiltonianKernel):
+    """Hamiltonian Monte Carlo with a fixed number of leapfrog steps or trajectory length.
+
+    Args:
+        num_steps: leapfrog steps per draw; or
+        trajectory_length: the integration time, ``num_steps = ceil(length / step_size)``
+            per chain (default ``2 * pi`` when neither is given).
+        Other arguments as for :class:`NUTS`.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> from probtorch.inference import MCMC
+        >>> def model():
+        ...     pt.sample("x", dist.Normal(0.0, 1.0))
+        >>> mcmc = MCMC(HMC(model, num_steps=5, compile=False), num_warmup=50,
+        ...             num_samples=50, progress_bar=False, seed=0)
+        >>> mcmc.run()
+        >>> mcmc.get_samples()["x"].shape
+        torch.Size([50])
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        num_steps: int | None = None,
+        trajectory_length: float | None = None,
+        max_steps: int = 1024,
+        **kwargs,
+    ):
+        super().__init__(model, **kwargs)
+        if num_steps is not None and trajectory_length is not None:
+            raise ValueError("give num_steps or trajectory_length, not both")
+        if num_steps is not None and num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        if num_steps is None and trajectory_length is None:
+            trajectory_length = 2 * math.pi
+        self.num_steps = num_steps
+        self.trajectory_length = trajectory_length
+        self.max_steps = int(max_steps)
+
+    def _build(self, potential: Potential) -> None:
+        value_and_grad = potential.raw_value_and_grad
+
+        def iteration(state, step_size, inverse_mass):
+            return hmc_iteration(state, value_and_grad, step_size, inverse_mass)
+
+        self._loop = ChunkedLoop(iteration, self.chunk_size, potential.compiled)
+
+    def _steps(self, step_size: torch.Tensor) -> torch.Tensor:
+        if self.num_steps is not None:
+            return torch.full(
+                step_size.shape, self.num_steps, dtype=torch.int64, device=step_size.device
+            )
+        steps = torch.ceil(self.trajectory_length / step_size).to(torch.int64)
+        return steps.clamp(1, self.max_steps)
+
+    def sample(self, state: SamplerState) -> tuple[SamplerState, TransitionResult]:
+        C, D = state.z.shape
+        rand = hmc_draw_randomness(C, D, state.z.dtype, state.z.device)
+        traj = hmc_init(
+            state.z,
+            state.potential_energy,
+            state.grad,
+            rand.momentum_noise,
+            state.mass_sqrt,
+            state.inverse_mass,
+            self._steps(state.step_size),
+        )
+        traj = self._loop(traj, state.step_size, state.inverse_mass)
+        energy = traj.pe + kinetic_energy(state.inverse_mass, traj.r)
+        delta = energy - traj.energy0
+        delta = torch.where(torch.isnan(delta), torch.full_like(delta, math.inf), delta)
+        accept_prob = torch.exp(torch.clamp(-delta, max=0.0))
+        accept = rand.accept_u < accept_prob
+        a2 = accept.unsqueeze(-1)
+        z = torch.where(a2, traj.z, traj.z0)
+        pe = torch.where(accept, traj.pe, traj.pe0)
+        grad = torch.where(a2, traj.g, traj.g0)
+        result = TransitionResult(
+            z,
+            pe,
+            grad,
+            torch.where(accept, energy, traj.energy0),
+            torch.zeros_like(traj.num_steps),
+            traj.num_steps,
+            accept_prob,
+            delta > 1000.0,
+        )
+        return state._replace(z=z, potential_energy=pe, grad=grad), result

@@ -1,0 +1,285 @@
+"""The ``MCMC`` driver: warmup, sampling, progress, interrupts, collection and export.
+
+It only orchestrates. The kernel (``NUTS``/``HMC``) does the transitions; the
+:class:`~.warmup.WarmupAdapter` adapts step size and mass matrix; diagnostics come from
+ArviZ.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .diagnostics import summary_table, to_inference_data
+from .kernels import SamplerState
+from .warmup import WarmupAdapter
+
+__all__ = ["MCMC"]
+
+_STATS = ("diverging", "energy", "tree_depth", "num_steps", "accept_prob", "step_size",
+          "potential_energy")  # fmt: skip
+
+
+class MCMC:
+    """Run a kernel for ``num_warmup`` adaptation and ``num_samples`` sampling transitions.
+
+    Args:
+        kernel: a :class:`~probtorch.inference.mcmc.kernels.NUTS` or ``HMC`` kernel.
+        num_warmup: warmup (adaptation) transitions per chain; they are not kept.
+        num_samples: draws kept per chain (after thinning: ``num_samples // thinning``).
+        num_chains: number of chains.
+        thinning: keep every ``thinning``-th draw.
+        chain_method: ``"vectorized"`` (all chains in one batched kernel, the default) or
+            ``"sequential"`` (one chain after the other).
+        progress_bar: show a tqdm progress bar per phase.
+        seed: random seed; the same seed gives the same draws.
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> from probtorch.inference import MCMC, NUTS
+        >>> def model(y):
+        ...     mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        ...     with pt.plate("n", len(y)):
+        ...         pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+        >>> mcmc = MCMC(NUTS(model, compile=False), num_warmup=200, num_samples=200,
+        ...             num_chains=2, progress_bar=False, seed=0)
+        >>> mcmc.run(torch.full((10,), 3.0))
+        >>> round(float(mcmc.get_samples()["mu"].mean()), 0)
+        3.0
+    """
+
+    def __init__(
+        self,
+        kernel,
+        num_warmup: int,
+        num_samples: int,
+        num_chains: int = 1,
+        thinning: int = 1,
+        chain_method: str = "vectorized",
+        progress_bar: bool = True,
+        seed: int | None = None,
+    ):
+        if num_warmup < 0 or num_samples < 1:
+            raise ValueError(
+                f"need num_warmup >= 0 and num_samples >= 1, got {num_warmup}, {num_samples}"
+            )
+        if num_chains < 1 or thinning < 1:
+            raise ValueError(
+                f"need num_chains >= 1 and thinning >= 1, got {num_chains}, {thinning}"
+            )
+        if chain_method not in ("vectorized", "sequential"):
+            raise ValueError(
+                f"chain_method must be 'vectorized' or 'sequential', got {chain_method!r}"
+            )
+        self.kernel = kernel
+        self.num_warmup = int(num_warmup)
+        self.num_samples = int(num_samples)
+        self.num_chains = int(num_chains)
+        self.thinning = int(thinning)
+        self.chain_method = chain_method
+        self.progress_bar = progress_bar
+        self.seed = seed
+        self.post_warmup_state: SamplerState | None = None
+        self.last_state: SamplerState | None = None
+        self._samples: dict[str, torch.Tensor] | None = None  # (C, S, ...)
+        self._stats: dict[str, torch.Tensor] | None = None  # (C, S)
+        self._extra_fields: tuple = ("diverging",)
+        self._model_args: tuple = ()
+        self._model_kwargs: dict = {}
+        self.interrupted = False
+
+    # -- running ------------------------------------------------------------------------
+    def run(self, *args, init_params: dict | None = None, extra_fields=(), **kwargs) -> None:
+        """Warm up (unless continuing from ``post_warmup_state``) and draw samples.
+
+        ``init_params`` are constrained initial values per latent site. Setting
+        ``mcmc.post_warmup_state = mcmc.last_state`` before a second ``run`` continues the
+        chains with the adapted step size and mass matrix and no new warmup.
+        """
+        self._extra_fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
+        unknown = set(self._extra_fields) - set(_STATS)
+        if unknown:
+            raise ValueError(f"unknown extra_fields {sorted(unknown)}; available: {list(_STATS)}")
+        self._model_args, self._model_kwargs = args, kwargs
+        seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31, ()).item())
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            continuing = self.post_warmup_state is not None
+            state = self._setup(args, kwargs, seed, init_params)
+            if self.chain_method == "vectorized":
+                warm, state, draws, stats = self._run_chains(state, continuing)
+            else:
+                parts = [
+                    self._run_chains(_chain(state, c), continuing) for c in range(self.num_chains)
+                ]
+                warm = _cat_states([p[0] for p in parts])
+                state = _cat_states([p[1] for p in parts])
+                draws = _cat_chains([p[2] for p in parts])
+                stats = {k: _cat_chains([p[3][k] for p in parts]) for k in parts[0][3]}
+        self.post_warmup_state = warm
+        self.last_state = state
+        self._collect(draws, stats)
+
+    def _setup(self, args, kwargs, seed, init_params) -> SamplerState:
+        warm = self.post_warmup_state
+        potential = self.kernel.potential
+        if warm is not None and potential is not None and _same_args(potential, args, kwargs):
+            return warm  # continue: the kernel's compiled functions are reused
+        state = self.kernel.setup(args, kwargs, self.num_chains, seed, init_params=init_params)
+        if warm is None:
+            return state
+        if warm.z.shape != state.z.shape:
+            raise ValueError(
+                f"post_warmup_state has shape {tuple(warm.z.shape)} but this run has "
+                f"{self.num_chains} chains of {state.z.shape[1]} dims"
+            )
+        return warm
+
+    def _run_chains(self, state: SamplerState, continuing: bool):
+        """Warmup then sampling for the chains in ``state``.
+
+        Returns the post-warmup state, the last state, the draws ``(C, S, D)`` and the
+        per-draw statistics ``(C, S)``.
+        """
+        from tqdm.auto import tqdm
+
+        kernel = self.kernel
+        C = state.z.shape[0]
+        if not continuing and self.num_warmup > 0:
+            adapter = WarmupAdapter(kernel, self.num_warmup)
+            adapter.init(state)
+            bar = tqdm(range(self.num_warmup), desc="warmup", disable=not self.progress_bar)
+            divergences = 0
+            try:
+                for t in bar:
+                    state, result = kernel.sample(state)
+                    state = adapter.update(t, state, result)
+                    divergences += int(result.diverging.sum())
+                    if self.progress_bar and (t % 20 == 0 or t == self.num_warmup - 1):
+                        bar.set_postfix(step_size=_fmt(state.step_size), divergences=divergences)
+            except KeyboardInterrupt:
+                bar.close()
+                self.interrupted = True
+                warnings.warn("interrupted during warmup: no draws were kept", stacklevel=3)
+                empty = state.z.new_zeros(C, 0, state.z.shape[1])
+                return None, state, empty, {k: empty[..., 0] for k in _STATS}
+            bar.close()
+        warm = state
+        total = self.num_samples
+        kept = total // self.thinning
+        draws = state.z.new_empty(C, kept, state.z.shape[1])
+        stats = {k: None for k in _STATS}
+        bar = tqdm(range(total), desc="sample", disable=not self.progress_bar)
+        divergences, filled = 0, 0
+        try:
+            for t in bar:
+                state, result = kernel.sample(state)
+                divergences += int(result.diverging.sum())
+                if (t + 1) % self.thinning == 0 and filled < kept:
+                    draws[:, filled] = state.z
+                    values = _stat_values(state, result)
+                    for k in _STATS:
+                        if stats[k] is None:
+                            stats[k] = values[k].new_empty(C, kept)
+                        stats[k][:, filled] = values[k]
+                    filled += 1
+                if self.progress_bar and (t % 20 == 0 or t == total - 1):
+                    bar.set_postfix(step_size=_fmt(state.step_size), divergences=divergences)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            warnings.warn(
+                f"interrupted during sampling: keeping the {filled} draws per chain made so far",
+                stacklevel=3,
+            )
+        finally:
+            bar.close()
+        draws = draws[:, :filled]
+        stats = {
+            k: (v[:, :filled] if v is not None else state.z.new_zeros(C, 0))
+            for k, v in stats.items()
+        }
+        return warm, state, draws, stats
+
+    def _collect(self, draws: torch.Tensor, stats: dict) -> None:
+        potential = self.kernel.potential
+        C, S, D = draws.shape
+        if S == 0:
+            self._samples = {}
+        else:
+            values = potential.constrain(draws.reshape(C * S, D))
+            self._samples = {k: v.reshape((C, S) + v.shape[1:]) for k, v in values.items()}
+        self._stats = stats
+
+    # -- results ------------------------------------------------------------------------
+    def _require_run(self) -> None:
+        if self._samples is None:
+            raise RuntimeError("call .run(...) first")
+
+    def get_samples(self, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
+        """Draws per site (latent and deterministic), ``(C * S, ...)`` or ``(C, S, ...)``."""
+        self._require_run()
+        if group_by_chain:
+            return dict(self._samples)
+        return {k: v.reshape((-1,) + v.shape[2:]) for k, v in self._samples.items()}
+
+    def get_extra_fields(self, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
+        """Per-draw statistics named in ``run(extra_fields=...)``, plus ``diverging``."""
+        self._require_run()
+        fields = {k: self._stats[k] for k in self._extra_fields}
+        if group_by_chain:
+            return fields
+        return {k: v.reshape(-1) for k, v in fields.items()}
+
+    def print_summary(self, prob: float = 0.9) -> None:
+        """Mean, sd, quantiles, bulk ESS and R-hat per scalar, and the divergence count."""
+        self._require_run()
+        print(summary_table(self._samples, prob=prob))
+        print(f"\nNumber of divergences: {int(self._stats['diverging'].sum())}")
+
+    def to_inference_data(self):
+        """ArviZ InferenceData: posterior, sample_stats, observed_data, log_likelihood."""
+        self._require_run()
+        return to_inference_data(self.kernel.potential, self._samples, self._stats)
+
+
+def _same_args(potential, args, kwargs) -> bool:
+    return (
+        len(args) == len(potential.model_args)
+        and all(a is b for a, b in zip(args, potential.model_args))
+        and kwargs.keys() == potential.model_kwargs.keys()
+        and all(kwargs[k] is potential.model_kwargs[k] for k in kwargs)
+    )
+
+
+def _stat_values(state: SamplerState, result) -> dict[str, torch.Tensor]:
+    return {
+        "diverging": result.diverging,
+        "energy": result.energy,
+        "tree_depth": result.tree_depth,
+        "num_steps": result.num_steps,
+        "accept_prob": result.accept_prob,
+        "step_size": state.step_size,
+        "potential_energy": result.potential_energy,
+    }
+
+
+def _chain(state: SamplerState, c: int) -> SamplerState:
+    return SamplerState(*(t[c : c + 1] for t in state))
+
+
+def _cat_states(states: list) -> SamplerState | None:
+    if any(s is None for s in states):
+        return None
+    return SamplerState(*(torch.cat(fields) for fields in zip(*states)))
+
+
+def _cat_chains(parts: list[torch.Tensor]) -> torch.Tensor:
+    size = min(p.shape[1] for p in parts)  # an interrupt may leave chains uneven
+    return torch.cat([p[:, :size] for p in parts])
+
+
+def _fmt(step_size: torch.Tensor) -> str:
+    values = step_size.tolist()
+    return ", ".join(f"{v:.2e}" for v in values[:4]) + (" ..." if len(values) > 4 else "")

@@ -1,0 +1,305 @@
+"""The No-U-Turn Sampler as a flat state machine: one iteration = one leapfrog per chain.
+
+This is Stan's NUTS (multinomial sampling over the trajectory, the generalized no-U-turn
+criterion including the checks across neighbouring subtrees, biased progressive sampling
+between subtrees, a divergence when the energy error exceeds ``max_delta_energy``), laid out
+iteratively as in NumPyro: a new subtree of ``2**depth`` leaves is built one leaf at a time,
+with uniform progressive (multinomial) sampling inside it, and the U-turn checks of every
+sub-subtree that ends at the current leaf are done from ``max_depth`` checkpoints (the
+bit tricks of NumPyro's ``_leaf_idx_to_ckpt_idxs``), extended with the momenta Stan's
+cross-subtree checks need.
+
+Every chain runs its own tree, in lockstep with the others: a chain that has finished its
+transition is frozen (``torch.where``) until all are done. There is no Python branching on
+tensor values, so a chunk of iterations compiles into one graph. Random numbers are drawn
+outside, per transition (:class:`TransitionRandomness`), so compiled and eager execution
+give the same draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from .integrator import kinetic_energy, leapfrog, sample_momentum, velocity
+
+__all__ = [
+    "TransitionRandomness",
+    "NUTSState",
+    "draw_randomness",
+    "init_transition",
+    "nuts_iteration",
+    "transition_result",
+]
+
+
+class TransitionRandomness(NamedTuple):
+    """The random numbers one NUTS transition may use, per chain."""
+
+    momentum_noise: torch.Tensor  # (C, D) standard normal
+    go_right: torch.Tensor  # (C, max_depth) bool: direction of each doubling
+    merge_u: torch.Tensor  # (C, max_depth) uniform: biased progressive sampling
+    leaf_u: torch.Tensor  # (C, 2**max_depth) uniform: multinomial sampling per leaf
+
+
+class NUTSState(NamedTuple):
+    """The state of one NUTS transition in progress, batched over chains."""
+
+    # trajectory edges and the current proposal
+    z_left: torch.Tensor
+    r_left: torch.Tensor
+    g_left: torch.Tensor
+    z_right: torch.Tensor
+    r_right: torch.Tensor
+    g_right: torch.Tensor
+    z_prop: torch.Tensor
+    r_prop: torch.Tensor
+    pe_prop: torch.Tensor
+    g_prop: torch.Tensor
+    energy0: torch.Tensor  # Hamiltonian at the start
+    log_weight: torch.Tensor  # log sum of the tree's leaf weights
+    rho: torch.Tensor  # sum of the tree's momenta
+    depth: torch.Tensor  # completed (valid) doublings
+    done: torch.Tensor
+    # the subtree being built
+    leaf: torch.Tensor  # index of the next leaf in the subtree
+    z_sub: torch.Tensor
+    r_sub: torch.Tensor
+    pe_sub: torch.Tensor
+    g_sub: torch.Tensor
+    log_weight_sub: torch.Tensor
+    rho_sub: torch.Tensor
+    r_sub_first: torch.Tensor  # momentum of the subtree's first leaf
+    r_inner: torch.Tensor  # momentum of the edge the subtree grows from
+    r_prev: torch.Tensor  # momentum of the previous leaf
+    ckpt_r: torch.Tensor  # (C, max_depth, D) momenta at subtree starts
+    ckpt_rho: torch.Tensor  # (C, max_depth, D) inclusive momentum sums there
+    ckpt_r_prev: torch.Tensor  # (C, max_depth, D) momenta of the leaf before each start
+    # statistics
+    num_steps: torch.Tensor
+    sum_accept: torch.Tensor
+    diverging: torch.Tensor
+
+
+def draw_randomness(
+    num_chains: int, dim: int, max_depth: int, dtype: torch.dtype, device=None
+) -> TransitionRandomness:
+    """Draw one transition's random numbers from torch's generator."""
+    return TransitionRandomness(
+        torch.randn(num_chains, dim, dtype=dtype, device=device),
+        torch.rand(num_chains, max_depth, device=device) < 0.5,
+        torch.rand(num_chains, max_depth, dtype=dtype, device=device),
+        torch.rand(num_chains, 2**max_depth, dtype=dtype, device=device),
+    )
+
+
+def init_transition(
+    z: torch.Tensor,
+    potential_energy: torch.Tensor,
+    grad: torch.Tensor,
+    momentum_noise: torch.Tensor,
+    mass_sqrt: torch.Tensor,
+    inverse_mass: torch.Tensor,
+    max_depth: int,
+) -> NUTSState:
+    """Start a transition at ``z``: fresh momentum, a one-point tree."""
+    C, D = z.shape
+    r = sample_momentum(mass_sqrt, momentum_noise)
+    energy0 = potential_energy + kinetic_energy(inverse_mass, r)
+    zeros_cd = torch.zeros_like(z)
+    zeros_c = torch.zeros_like(potential_energy)
+    long_zeros = torch.zeros(C, dtype=torch.int64, device=z.device)
+    false = torch.zeros(C, dtype=torch.bool, device=z.device)
+    ckpt = torch.zeros(C, max_depth, D, dtype=z.dtype, device=z.device)
+    # .clone(): every state tensor its own buffer (compiled in-place updates need that)
+    return NUTSState(
+        z.clone(), r.clone(), grad.clone(),
+        z.clone(), r.clone(), grad.clone(),
+        z.clone(), r.clone(), potential_energy.clone(), grad.clone(),
+        energy0, zeros_c.clone(), r.clone(), long_zeros.clone(), false.clone(),
+        long_zeros.clone(), z.clone(), r.clone(), potential_energy.clone(), grad.clone(),
+        zeros_c.clone(), zeros_cd.clone(), zeros_cd.clone(), zeros_cd.clone(), r.clone(),
+        ckpt.clone(), ckpt.clone(), ckpt.clone(),
+        long_zeros.clone(), zeros_c.clone(), false.clone(),
+    )  # fmt: skip
+
+
+def _popcount(x: torch.Tensor, bits: int) -> torch.Tensor:
+    shifts = torch.arange(bits, device=x.device)
+    return ((x.unsqueeze(-1) >> shifts) & 1).sum(-1)
+
+
+def _no_uturn(v_minus, v_plus, rho) -> torch.Tensor:
+    """Stan's criterion: both ends' velocities point along the momentum sum."""
+    return ((v_plus * rho).sum(-1) > 0) & ((v_minus * rho).sum(-1) > 0)
+
+
+def nuts_iteration(
+    state: NUTSState,
+    rand: TransitionRandomness,
+    value_and_grad: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    step_size: torch.Tensor,
+    inverse_mass: torch.Tensor,
+    max_depth: int,
+    max_delta_energy: float = 1000.0,
+) -> NUTSState:
+    """Advance every unfinished chain by one leapfrog step of its NUTS transition."""
+    s = state
+    active = ~s.done
+    levels = torch.arange(max_depth, device=s.leaf.device)
+    depth_idx = s.depth.clamp(max=max_depth - 1).unsqueeze(-1)
+    go_right = rand.go_right.gather(-1, depth_idx).squeeze(-1)
+    right = go_right.unsqueeze(-1)
+
+    # one leapfrog from the edge the subtree grows from
+    z_edge = torch.where(right, s.z_right, s.z_left)
+    r_edge = torch.where(right, s.r_right, s.r_left)
+    g_edge = torch.where(right, s.g_right, s.g_left)
+    signed_step = torch.where(go_right, step_size, -step_size)
+    z, r, pe, g = leapfrog(value_and_grad, z_edge, r_edge, g_edge, signed_step, inverse_mass)
+    energy = pe + kinetic_energy(inverse_mass, r)
+    delta = energy - s.energy0
+    delta = torch.where(torch.isnan(delta), torch.full_like(delta, float("inf")), delta)
+    leaf_diverging = delta > max_delta_energy
+    accept_prob = torch.exp(torch.clamp(-delta, max=0.0))
+    log_w_leaf = -delta
+
+    # multinomial sampling inside the subtree, one leaf at a time
+    first = s.leaf == 0
+    neg_inf = torch.full_like(delta, float("-inf"))
+    log_w_sub = torch.logaddexp(torch.where(first, neg_inf, s.log_weight_sub), log_w_leaf)
+    u_leaf = rand.leaf_u.gather(-1, s.num_steps.unsqueeze(-1)).squeeze(-1)
+    take = first | (u_leaf < torch.exp(log_w_leaf - log_w_sub))
+    take_ = take.unsqueeze(-1)
+    z_sub = torch.where(take_, z, s.z_sub)
+    r_sub = torch.where(take_, r, s.r_sub)
+    pe_sub = torch.where(take, pe, s.pe_sub)
+    g_sub = torch.where(take_, g, s.g_sub)
+    first_ = first.unsqueeze(-1)
+    rho_sub = torch.where(first_, torch.zeros_like(r), s.rho_sub) + r
+    r_sub_first = torch.where(first_, r, s.r_sub_first)
+    r_inner = torch.where(first_, r_edge, s.r_inner)
+
+    # checkpoints: at even leaves store where the subtrees that start here begin
+    leaf = s.leaf
+    idx_max = _popcount(leaf >> 1, max_depth)
+    trailing_ones = _popcount(((leaf + 1) & ~leaf) - 1, max_depth + 1)
+    idx_min = idx_max - trailing_ones + 1
+    even = (leaf & 1) == 0
+    at_max = levels == idx_max.unsqueeze(-1)  # (C, L)
+    store = (even.unsqueeze(-1) & at_max).unsqueeze(-1)
+    ckpt_r = torch.where(store, r.unsqueeze(1), s.ckpt_r)
+    ckpt_rho = torch.where(store, rho_sub.unsqueeze(1), s.ckpt_rho)
+    ckpt_r_prev = torch.where(store, s.r_prev.unsqueeze(1), s.ckpt_r_prev)
+
+    # at odd leaves, check every sub-subtree that ends here (levels idx_min..idx_max).
+    # Level i starts at checkpoint i; its second half starts at checkpoint i + 1, or at
+    # this leaf for the smallest one.
+    def shifted(buf, current):
+        nxt = torch.cat([buf[:, 1:], torch.zeros_like(buf[:, :1])], dim=1)
+        return torch.where(at_max.unsqueeze(-1), current.unsqueeze(1), nxt)
+
+    r_half = shifted(ckpt_r, r)
+    rho_half = shifted(ckpt_rho, rho_sub)
+    r_before_half = shifted(ckpt_r_prev, s.r_prev)
+    rho_upto_start = ckpt_rho - ckpt_r  # exclusive sum before each subtree start
+    rho_upto_half = rho_half - r_half
+    rho_all = rho_sub.unsqueeze(1) - rho_upto_start
+    rho_first_half = rho_upto_half - rho_upto_start
+    rho_second_half = rho_sub.unsqueeze(1) - rho_upto_half
+    inv_mass_l = inverse_mass.unsqueeze(1)
+    v_start = velocity(inv_mass_l, ckpt_r)
+    v_end = velocity(inverse_mass, r).unsqueeze(1)
+    v_half = velocity(inv_mass_l, r_half)
+    v_before_half = velocity(inv_mass_l, r_before_half)
+    keeps_going = (
+        _no_uturn(v_start, v_end, rho_all)
+        & _no_uturn(v_start, v_half, rho_first_half + r_half)
+        & _no_uturn(v_before_half, v_end, rho_second_half + r_before_half)
+    )
+    checked = (
+        (~even).unsqueeze(-1)
+        & (levels >= idx_min.unsqueeze(-1))
+        & (levels <= idx_max.unsqueeze(-1))
+    )
+    sub_turning = (checked & ~keeps_going).any(-1)
+
+    # subtree finished: merge it into the tree (biased progressive sampling)
+    next_leaf = leaf + 1
+    sub_done = (next_leaf == (1 << s.depth)) | sub_turning | leaf_diverging
+    valid = sub_done & ~sub_turning & ~leaf_diverging
+    u_merge = rand.merge_u.gather(-1, depth_idx).squeeze(-1)
+    accept_sub = valid & (u_merge < torch.exp(log_w_sub - s.log_weight))
+    accept_ = accept_sub.unsqueeze(-1)
+    z_prop = torch.where(accept_, z_sub, s.z_prop)
+    r_prop = torch.where(accept_, r_sub, s.r_prop)
+    pe_prop = torch.where(accept_sub, pe_sub, s.pe_prop)
+    g_prop = torch.where(accept_, g_sub, s.g_prop)
+    log_weight = torch.where(valid, torch.logaddexp(s.log_weight, log_w_sub), s.log_weight)
+    r_outer = torch.where(right, s.r_left, s.r_right)
+    rho_total = s.rho + rho_sub
+    v_outer = velocity(inverse_mass, r_outer)
+    v_new = velocity(inverse_mass, r)
+    # Stan's checks around the merged tree and across the two parts (each part extended by
+    # the neighbouring point of the other); they do not depend on the direction.
+    tree_keeps_going = (
+        _no_uturn(v_outer, v_new, rho_total)
+        & _no_uturn(v_outer, velocity(inverse_mass, r_sub_first), s.rho + r_sub_first)
+        & _no_uturn(velocity(inverse_mass, r_inner), v_new, rho_sub + r_inner)
+    )
+    rho = torch.where(valid.unsqueeze(-1), rho_total, s.rho)
+    depth = torch.where(valid, s.depth + 1, s.depth)
+    finished = sub_done & (~valid | ~tree_keeps_going | (depth >= max_depth))
+
+    # the edge the subtree grows from moves to the new leaf
+    grow_right = right & active.unsqueeze(-1)
+    grow_left = ~right & active.unsqueeze(-1)
+    new = NUTSState(
+        torch.where(grow_left, z, s.z_left),
+        torch.where(grow_left, r, s.r_left),
+        torch.where(grow_left, g, s.g_left),
+        torch.where(grow_right, z, s.z_right),
+        torch.where(grow_right, r, s.r_right),
+        torch.where(grow_right, g, s.g_right),
+        z_prop, r_prop, pe_prop, g_prop,
+        s.energy0, log_weight, rho, depth, s.done | finished,
+        torch.where(sub_done, torch.zeros_like(next_leaf), next_leaf),
+        z_sub, r_sub, pe_sub, g_sub, log_w_sub, rho_sub, r_sub_first, r_inner, r,
+        ckpt_r, ckpt_rho, ckpt_r_prev,
+        s.num_steps + 1, s.sum_accept + accept_prob, s.diverging | leaf_diverging,
+    )  # fmt: skip
+    # chains that had already finished keep their state
+    return NUTSState(*(_keep(active, n, o) for n, o in zip(new, s)))
+
+
+def _keep(active: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    mask = active.reshape(active.shape + (1,) * (new.dim() - 1))
+    return torch.where(mask, new, old)
+
+
+class TransitionResult(NamedTuple):
+    z: torch.Tensor
+    potential_energy: torch.Tensor
+    grad: torch.Tensor
+    energy: torch.Tensor  # Hamiltonian at the draw (ArviZ's "energy")
+    tree_depth: torch.Tensor
+    num_steps: torch.Tensor
+    accept_prob: torch.Tensor  # mean Metropolis acceptance over the trajectory
+    diverging: torch.Tensor
+
+
+def transition_result(state: NUTSState, inverse_mass: torch.Tensor) -> TransitionResult:
+    """The draw and the statistics of a finished transition."""
+    steps = state.num_steps.clamp(min=1).to(state.sum_accept.dtype)
+    return TransitionResult(
+        state.z_prop,
+        state.pe_prop,
+        state.g_prop,
+        state.pe_prop + kinetic_energy(inverse_mass, state.r_prop),
+        state.depth,
+        state.num_steps,
+        state.sum_accept / steps,
+        state.diverging,
+    )

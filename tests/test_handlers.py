@@ -1,0 +1,637 @@
+"""Tests of the effect handlers and the runtime they sit on.
+
+Every handler is used both as ``handler(model, ...)`` and as ``with handler(...):``. Log
+densities are checked against scipy.stats.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.handlers import (
+    Trace,
+    block,
+    condition,
+    do,
+    mask,
+    reparam,
+    replay,
+    scale,
+    seed,
+    substitute,
+    trace,
+)
+from probtorch.reparam import LocScaleReparam
+from probtorch.runtime import Message, Messenger, apply_stack, get_stack
+
+
+@pytest.fixture(autouse=True)
+def f64():
+    torch.set_default_dtype(torch.float64)  # conftest restores the default dtype
+    yield
+    assert get_stack() == []  # every test leaves the handler stack empty
+
+
+def two_sites():
+    x = pt.sample("x", dist.Normal(0.0, 1.0))
+    y = pt.sample("y", dist.Normal(x, 1.0))
+    return x, y
+
+
+# -- runtime --------------------------------------------------------------------------
+
+
+class _Log(Messenger):
+    def __init__(self, tag, log, stop=False):
+        super().__init__()
+        self.tag, self.log, self.stop = tag, log, stop
+
+    def process_message(self, msg):
+        self.log.append(("process", self.tag))
+        msg.stop = self.stop
+
+    def postprocess_message(self, msg):
+        self.log.append(("post", self.tag))
+
+
+def test_apply_stack_order_and_stop():
+    log = []
+    with _Log("outer", log), _Log("middle", log, stop=True), _Log("inner", log):
+        msg = apply_stack(Message("sample", "s", value=torch.tensor(1.0)))
+    # down innermost first; stopped at "middle"; back up from the outermost that saw it
+    assert log == [
+        ("process", "inner"),
+        ("process", "middle"),
+        ("post", "middle"),
+        ("post", "inner"),
+    ]
+    assert msg.done
+    log.clear()
+    with _Log("outer", log), _Log("inner", log):
+        apply_stack(Message("sample", "s", value=torch.tensor(1.0)))
+    assert log == [("process", "inner"), ("process", "outer"), ("post", "outer"), ("post", "inner")]
+
+
+def test_apply_stack_runs_default_only_without_value():
+    calls = []
+
+    def default(msg):
+        calls.append(msg.name)
+        return torch.tensor(3.0)
+
+    assert float(apply_stack(Message("x", "a", default=default)).value) == 3.0
+    given = Message("x", "b", value=torch.tensor(1.0), default=default)
+    assert float(apply_stack(given).value) == 1.0
+    assert calls == ["a"]
+
+
+def test_messenger_forms_and_errors():
+    log = []
+    decorated = _Log("d", log)(lambda: pt.sample("s", dist.Normal(0.0, 1.0), obs=0.0))
+    assert isinstance(decorated, _Log)
+    decorated()
+    assert log == [("process", "d"), ("post", "d")]
+    with pytest.raises(TypeError, match="trace expected a callable model"):
+        trace(3)
+    with pytest.raises(TypeError, match="has no function to call"):
+        trace()(1, 2)
+
+
+def test_messenger_exit_cleans_stack_after_exception():
+    def model():
+        with pt.plate("p", 3):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        trace(seed(model, rng_seed=0))()
+    assert get_stack() == []
+
+
+def test_message_dict_access_and_copy():
+    msg = Message("sample", "x", value=torch.tensor(1.0), infer={"a": 1})
+    assert msg["name"] == "x" and msg.get("nonexistent", 5) == 5
+    msg["is_observed"] = True
+    copy = msg.copy()
+    copy.infer["a"] = 2
+    copy.extra["k"] = 1
+    assert msg.infer["a"] == 1 and "k" not in msg.extra
+    assert copy.is_observed and copy.value is msg.value
+    assert "Message(type='sample', name='x'" in repr(msg)
+
+
+# -- trace ----------------------------------------------------------------------------
+
+Y = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.0, -0.3]])
+MASK = torch.tensor([[True, False, True], [False, True, True]])
+
+
+def plated_model(y):
+    mu = pt.sample("mu", dist.Normal(0.0, 2.0))
+    sigma = pt.sample("sigma", dist.HalfNormal(1.0))
+    with pt.plate("rows", 2, dim=-2):
+        with pt.plate("cols", 3):
+            z = pt.sample("z", dist.Normal(mu, 1.0))  # latent, broadcast to (2, 3)
+            with mask(mask=MASK), scale(scale=3.0):
+                pt.sample("y", dist.Normal(z, sigma), obs=y)
+    pt.factor("prior_penalty", -0.5 * mu**2)
+    return z
+
+
+def test_trace_log_densities_broadcast_mask_scale():
+    tracer = trace(seed(plated_model, rng_seed=0))
+    z = tracer(Y)
+    tr = tracer.trace
+    assert isinstance(tr, Trace)
+    assert list(tr) == ["mu", "sigma", "rows", "cols", "z", "y", "prior_penalty"]
+    mu, sigma = float(tr["mu"].value), float(tr["sigma"].value)
+    lp = tr.log_densities()
+    assert lp["mu"].shape == () and lp["z"].shape == (2, 3) and lp["y"].shape == (2, 3)
+    assert lp["mu"].item() == pytest.approx(stats.norm(0, 2).logpdf(mu), abs=1e-12)
+    assert lp["sigma"].item() == pytest.approx(stats.halfnorm(0, 1).logpdf(sigma), abs=1e-12)
+    np.testing.assert_allclose(lp["z"].numpy(), stats.norm(mu, 1).logpdf(z.numpy()), rtol=1e-12)
+    y_ref = stats.norm(z.numpy(), sigma).logpdf(Y.numpy())
+    expected_y = np.where(MASK.numpy(), 3.0 * y_ref, 0.0)
+    np.testing.assert_allclose(lp["y"].numpy(), expected_y, rtol=1e-12)
+    assert tr["y"].scale == 3.0 and torch.equal(tr["y"].mask, MASK)
+    assert lp["prior_penalty"].item() == pytest.approx(-0.5 * mu**2, abs=1e-12)
+
+    expected_sum = (
+        stats.norm(0, 2).logpdf(mu)
+        + stats.halfnorm(0, 1).logpdf(sigma)
+        + stats.norm(mu, 1).logpdf(z.numpy()).sum()
+        + expected_y.sum()
+        - 0.5 * mu**2
+    )
+    assert float(tr.log_prob_sum()) == pytest.approx(expected_sum, abs=1e-10)
+
+
+def test_trace_log_likelihood_pointwise_observed_masked_unscaled():
+    tracer = trace(seed(plated_model, rng_seed=1))
+    z = tracer(Y)
+    tr = tracer.trace
+    ll = tr.log_likelihood()
+    assert set(ll) == {"y"}  # latent sites and the factor are excluded
+    sigma = float(tr["sigma"].value)
+    y_ref = stats.norm(z.numpy(), sigma).logpdf(Y.numpy())
+    np.testing.assert_allclose(ll["y"].numpy(), np.where(MASK.numpy(), y_ref, 0.0), rtol=1e-12)
+
+
+def test_trace_empty_and_sample_sites_and_context_manager():
+    with trace() as tr:
+        pass
+    assert float(tr.log_prob_sum()) == 0.0
+    with trace() as tr:
+        pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(1.0))
+        pt.deterministic("d", torch.tensor(2.0))
+        with seed(rng_seed=0):
+            pt.sample("x", dist.Normal(0.0, 1.0))
+    assert list(tr.sample_sites()) == ["y", "x"]
+    assert list(tr.sample_sites(observed=True)) == ["y"]
+    assert list(tr.sample_sites(observed=False)) == ["x"]
+    assert tr.nodes is tr
+
+
+def test_trace_get_trace_gives_a_fresh_trace_each_run():
+    tracer = trace(seed(two_sites, rng_seed=0))
+    first = tracer.get_trace()
+    second = tracer.get_trace()
+    assert first is not second
+    assert torch.equal(first["x"].value, second["x"].value)
+
+
+# -- seed -----------------------------------------------------------------------------
+
+
+def test_seed_reproducible_and_matches_torch():
+    x1, y1 = seed(two_sites, rng_seed=3)()
+    x2, y2 = seed(two_sites, 3)()
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    torch.manual_seed(3)
+    ex = torch.randn(())
+    ey = ex + torch.randn(())
+    assert torch.equal(x1, ex) and torch.allclose(y1, ey, rtol=0, atol=1e-15)
+    x3, _ = seed(two_sites, rng_seed=4)()
+    assert not torch.equal(x1, x3)
+    with seed(rng_seed=3):
+        x4, _ = two_sites()
+    assert torch.equal(x4, x1)
+    with seed(3):
+        x5, _ = two_sites()
+    assert torch.equal(x5, x1)
+
+
+def test_seed_restores_global_rng_state():
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    expected = torch.rand(4)
+    torch.random.set_rng_state(state)
+    seed(two_sites, rng_seed=0)()
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(torch.rand(4), expected)
+    # nested seeds: the inner one restores the outer stream
+    with seed(rng_seed=1):
+        a = torch.randn(())
+        with seed(rng_seed=2):
+            torch.randn(5)
+        b = torch.randn(())
+    torch.manual_seed(1)
+    assert torch.equal(torch.randn(2), torch.stack([a, b]))
+    # also after an exception
+    torch.random.set_rng_state(state)
+    with pytest.raises(RuntimeError):
+        with seed(rng_seed=9):
+            torch.rand(3)
+            raise RuntimeError
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_seed_needs_an_integer():
+    with pytest.raises(ValueError, match="rng_seed"):
+        seed(two_sites)
+    with pytest.raises(ValueError, match="rng_seed"):
+        seed()
+
+
+# -- substitute -----------------------------------------------------------------------
+
+
+def test_substitute_data():
+    def model():
+        w = pt.param("w", torch.tensor(1.0))
+        x = pt.sample("x", dist.Normal(w, 1.0))
+        y = pt.sample("y", dist.Normal(x, 1.0), obs=torch.tensor(0.25))
+        return w, x, y
+
+    data = {"w": torch.tensor(-1.0), "x": torch.tensor(2.0), "y": torch.tensor(9.0)}
+    tracer = trace(substitute(model, data=data))
+    w, x, y = tracer()  # no seed needed: every latent is given
+    tr = tracer.trace
+    assert float(w) == -1.0 and float(x) == 2.0
+    assert float(y) == 0.25  # observed sites are not substituted
+    assert not tr["x"].is_observed  # still a latent site
+    expected = stats.norm(-1.0, 1.0).logpdf(2.0) + stats.norm(2.0, 1.0).logpdf(0.25)
+    assert float(tr.log_prob_sum()) == pytest.approx(expected, abs=1e-12)
+    assert "w" not in pt.get_param_store()  # a substituted param never reaches the store
+
+    with trace() as tr2, substitute(data=data):
+        model()
+    assert float(tr2["x"].value) == 2.0
+
+
+def test_substitute_fn_and_partial_data():
+    seen = []
+
+    def substitute_fn(msg):
+        seen.append((msg.type, msg.name))
+        return torch.tensor(0.5) if msg.name == "x" else None
+
+    tracer = trace(seed(substitute(two_sites, substitute_fn=substitute_fn), rng_seed=0))
+    x, y = tracer()
+    assert float(x) == 0.5
+    assert float(tracer.trace["y"].fn.loc) == 0.5
+    assert seen == [("sample", "x"), ("sample", "y")]
+    with seed(rng_seed=0), substitute(data={"y": torch.tensor(1.0)}):
+        x, y = two_sites()
+    assert float(y) == 1.0  # "x" absent from data: drawn as usual
+
+
+def test_substitute_needs_exactly_one_source():
+    with pytest.raises(ValueError, match="exactly one of data= or substitute_fn="):
+        substitute(two_sites)
+    with pytest.raises(ValueError, match="exactly one"):
+        substitute(two_sites, data={}, substitute_fn=lambda msg: None)
+
+
+# -- condition ------------------------------------------------------------------------
+
+
+def test_condition():
+    conditioned = condition(two_sites, data={"x": torch.tensor(1.5), "y": 0.5})
+    tracer = trace(conditioned)
+    x, y = tracer()  # no seed needed
+    tr = tracer.trace
+    assert tr["x"].is_observed and tr["y"].is_observed
+    assert float(x) == 1.5 and float(y) == 0.5 and isinstance(y, torch.Tensor)
+    assert float(tr["y"].fn.loc) == 1.5  # downstream sites see the conditioned value
+    expected = stats.norm.logpdf(1.5) + stats.norm(1.5, 1.0).logpdf(0.5)
+    assert float(tr.log_prob_sum()) == pytest.approx(expected, abs=1e-12)
+    assert set(tr.log_likelihood()) == {"x", "y"}
+
+    with trace() as tr2, seed(rng_seed=0), condition(data={"y": torch.tensor(2.0)}):
+        two_sites()
+    assert not tr2["x"].is_observed and tr2["y"].is_observed
+
+
+def test_condition_inside_plate():
+    def model():
+        loc = pt.sample("loc", dist.Normal(0.0, 1.0))
+        with pt.plate("data", 3):
+            return pt.sample("obs", dist.Normal(loc, 1.0))
+
+    data = torch.tensor([0.1, 0.2, 0.3])
+    tracer = trace(seed(condition(model, data={"obs": data}), rng_seed=0))
+    assert torch.equal(tracer(), data)
+    loc = float(tracer.trace["loc"].value)
+    np.testing.assert_allclose(
+        tracer.trace.log_likelihood()["obs"].numpy(), stats.norm(loc, 1).logpdf(data.numpy())
+    )
+
+
+# -- block ----------------------------------------------------------------------------
+
+
+def block_model():
+    w = pt.param("w", torch.tensor(1.0))
+    a = pt.sample("a", dist.Normal(w, 1.0))
+    b = pt.sample("b", dist.Normal(a, 1.0))
+    pt.deterministic("c", a + b)
+    return a, b
+
+
+@pytest.mark.parametrize(
+    "kwargs, visible",
+    [
+        ({}, []),
+        ({"hide": ["a"]}, ["w", "b", "c"]),
+        ({"expose": ["a", "c"]}, ["a", "c"]),
+        ({"hide_types": ["param"]}, ["a", "b", "c"]),
+        ({"hide_types": ["sample", "deterministic"]}, ["w"]),
+        ({"expose_types": ["sample"]}, ["a", "b"]),
+        ({"hide_fn": lambda msg: msg.name.startswith("b")}, ["w", "a", "c"]),
+    ],
+)
+def test_block(kwargs, visible):
+    tracer = trace(block(seed(block_model, rng_seed=0), **kwargs))
+    a, b = tracer()
+    assert list(tracer.trace) == visible
+    assert torch.equal(seed(block_model, rng_seed=0)()[1], b)  # hidden sites still run
+    with trace() as tr, block(**kwargs), seed(rng_seed=0):
+        block_model()
+    assert list(tr) == visible
+
+
+def test_block_hides_sites_from_outer_handlers():
+    # condition sits outside block, so it never sees "x": x is drawn, not conditioned
+    model = condition(block(seed(two_sites, rng_seed=0), hide=["x"]), data={"x": 5.0})
+    x, y = model()
+    assert float(x) != 5.0
+
+
+# -- replay ---------------------------------------------------------------------------
+
+
+def test_replay():
+    def model(obs):
+        x = pt.sample("x", dist.Normal(0.0, 1.0))
+        z = pt.sample("z", dist.Normal(0.0, 1.0))
+        y = pt.sample("y", dist.Normal(x, 1.0), obs=obs)
+        return x, z, y
+
+    def guide(obs):
+        pt.sample("x", dist.Normal(3.0, 0.1))
+        pt.sample("y", dist.Normal(-3.0, 0.1))
+
+    guide_trace = trace(seed(guide, rng_seed=0)).get_trace(None)
+    tracer = trace(seed(replay(model, trace=guide_trace), rng_seed=1))
+    x, z, y = tracer(torch.tensor(0.7))
+    assert torch.equal(x, guide_trace["x"].value)
+    assert float(y) == 0.7  # observed: not replayed
+    torch.manual_seed(1)
+    assert torch.equal(z, torch.randn(()))  # not in the guide trace: drawn as usual
+    expected = (
+        stats.norm.logpdf(float(x))
+        + stats.norm.logpdf(float(z))
+        + stats.norm(float(x), 1.0).logpdf(0.7)
+    )
+    assert float(tracer.trace.log_prob_sum()) == pytest.approx(expected, abs=1e-12)
+    with trace() as tr, replay(trace=guide_trace):
+        pt.sample("x", dist.Normal(0.0, 1.0))
+    assert torch.equal(tr["x"].value, guide_trace["x"].value)
+
+
+def test_replay_plate_indices():
+    data = torch.arange(10.0)
+
+    def model():
+        with pt.plate("data", 10, subsample_size=3) as idx:
+            pt.sample("y", dist.Normal(0.0, 1.0), obs=data[idx])
+        return idx
+
+    guide_trace = trace(seed(model, rng_seed=0)).get_trace()
+    for rng_seed in (1, 2, 3):
+        tracer = trace(seed(replay(model, trace=guide_trace), rng_seed=rng_seed))
+        idx = tracer()
+        assert torch.equal(idx, guide_trace["data"].value)
+        assert torch.equal(tracer.trace["y"].value, data[idx])
+
+
+def test_replay_errors():
+    with pytest.raises(ValueError, match="replay needs a trace"):
+        replay(two_sites)
+
+    bad = Trace()
+    bad["x"] = Message("plate", "x", value=torch.arange(2))
+    with pytest.raises(ValueError, match="'x' is a sample site in the model but a plate"):
+        seed(replay(two_sites, trace=bad), rng_seed=0)()
+
+
+# -- scale, mask ----------------------------------------------------------------------
+
+
+def obs_model():
+    with pt.plate("data", 3):
+        pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor([0.0, 1.0, 2.0]))
+
+
+OBS_REF = stats.norm.logpdf([0.0, 1.0, 2.0])
+
+
+def test_scale():
+    tr = trace(scale(obs_model, scale=2.5)).get_trace()
+    np.testing.assert_allclose(tr.log_densities()["y"].numpy(), 2.5 * OBS_REF, rtol=1e-12)
+    assert float(tr.log_prob_sum()) == pytest.approx(2.5 * OBS_REF.sum(), abs=1e-12)
+    np.testing.assert_allclose(tr.log_likelihood()["y"].numpy(), OBS_REF, rtol=1e-12)
+    with trace() as tr, scale(scale=2.0), scale(scale=torch.tensor([1.0, 2.0, 3.0])):
+        obs_model()
+    np.testing.assert_allclose(
+        tr.log_densities()["y"].numpy(), 2.0 * np.array([1.0, 2.0, 3.0]) * OBS_REF, rtol=1e-12
+    )
+
+
+def test_scale_combines_with_subsampling():
+    def model():
+        with pt.plate("data", 12, subsample_size=3):
+            pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.zeros(3))
+
+    tr = trace(seed(scale(model, scale=0.5), rng_seed=0)).get_trace()
+    assert float(tr.log_prob_sum()) == pytest.approx(0.5 * 4 * 3 * stats.norm.logpdf(0))
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, torch.tensor([1.0, -1.0])])
+def test_scale_must_be_positive(bad):
+    with pytest.raises(ValueError, match="scale must be positive"):
+        scale(obs_model, scale=bad)
+
+
+def test_mask():
+    tr = trace(mask(obs_model, mask=False)).get_trace()
+    assert tr.log_densities()["y"].tolist() == [0.0, 0.0, 0.0]
+    assert float(tr.log_prob_sum()) == 0.0
+    tr = trace(mask(obs_model, mask=True)).get_trace()
+    np.testing.assert_allclose(tr.log_densities()["y"].numpy(), OBS_REF, rtol=1e-12)
+    m1, m2 = torch.tensor([True, True, False]), torch.tensor([False, True, True])
+    with trace() as tr, mask(mask=m1), mask(mask=m2):
+        obs_model()
+    expected = np.array([0.0, OBS_REF[1], 0.0])
+    np.testing.assert_allclose(tr.log_densities()["y"].numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(tr.log_likelihood()["y"].numpy(), expected, rtol=1e-12)
+    assert float(tr.log_prob_sum()) == pytest.approx(OBS_REF[1], abs=1e-12)
+    with trace() as tr, mask(mask=True), mask(mask=False):
+        obs_model()
+    assert tr["y"].mask is False
+
+
+def test_mask_must_be_bool():
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        mask(obs_model, mask=torch.tensor([1.0, 0.0, 1.0]))
+
+
+# -- do -------------------------------------------------------------------------------
+
+
+def test_do_trace_outside():
+    intervened = do(two_sites, data={"x": torch.tensor(10.0)})
+    tracer = trace(seed(intervened, rng_seed=0))
+    x, y = tracer()
+    tr = tracer.trace
+    assert float(x) == 10.0  # the model sees the intervention
+    assert float(tr["y"].fn.loc) == 10.0
+    # the site "x" itself is still drawn from its prior, with its own density
+    torch.manual_seed(0)
+    assert torch.equal(tr["x"].value, torch.randn(()))
+    assert not tr["x"].is_observed
+    # as in Pyro, the intervened site is not seen by handlers outside ``do``
+    assert list(tr) == ["x", "y"]
+    expected = stats.norm.logpdf(float(tr["x"].value)) + stats.norm(10.0, 1.0).logpdf(float(y))
+    assert float(tr.log_prob_sum()) == pytest.approx(expected, abs=1e-12)
+
+
+def test_do_cf_site_and_context_manager():
+    tracer = trace(two_sites)
+    with seed(rng_seed=0), do(data={"x": 10.0}):
+        x, y = tracer()
+    tr = tracer.trace
+    assert list(tr) == ["x__CF", "y"]
+    assert tr["x__CF"].is_observed and float(tr["x__CF"].value) == 10.0
+    assert float(x) == 10.0 and float(tr["y"].fn.loc) == 10.0
+
+
+def test_do_inside_plate():
+    def model():
+        with pt.plate("data", 3):
+            x = pt.sample("x", dist.Normal(0.0, 1.0))
+            return pt.sample("y", dist.Normal(x, 1.0))
+
+    value = torch.tensor([1.0, 2.0, 3.0])
+    tr = trace(seed(do(model, data={"x": value}), rng_seed=0)).get_trace()
+    assert torch.equal(tr["y"].fn.loc, value)
+    assert tr["x"].value.shape == (3,) and tr["x"].cond_indep_stack[0].name == "data"
+
+
+# -- reparam --------------------------------------------------------------------------
+
+
+def test_reparam_config_dict_and_callable():
+    def model():
+        a = pt.sample("a", dist.Normal(1.0, 2.0))
+        b = pt.sample("b", dist.Normal(a, 3.0))
+        return a, b
+
+    by_dict = trace(seed(reparam(model, config={"b": LocScaleReparam(0.0)}), 0)).get_trace()
+    assert list(by_dict) == ["a", "b_decentered", "b"]
+    assert by_dict["a"].type == "sample" and by_dict["b"].type == "deterministic"
+    a, z = by_dict["a"].value, by_dict["b_decentered"].value
+    assert torch.allclose(by_dict["b"].value, a + 3.0 * z, rtol=0, atol=1e-14)
+
+    def config(msg):
+        return LocScaleReparam(0.0) if msg.name in ("a", "b") else None
+
+    with trace() as tr, seed(rng_seed=0), reparam(config=config):
+        model()
+    assert list(tr) == ["a_decentered", "a", "b_decentered", "b"]
+    with pytest.raises(ValueError, match="reparam needs a config"):
+        reparam(model)
+
+
+# -- composition ----------------------------------------------------------------------
+
+DATA = torch.tensor([2.0, 3.5, 1.0])
+
+
+def composed_model(data):
+    a = pt.sample("a", dist.Normal(0.0, 1.0))
+    b = pt.sample("b", dist.Normal(a, 2.0))
+    c = pt.sample("c", dist.HalfNormal(1.0))
+    d = pt.sample("d", dist.Normal(b, 1.0))
+    with pt.plate("N", 3):
+        pt.sample("obs", dist.Normal(b + d, c), obs=data)
+    return a, b, c, d
+
+
+def composed_guide():
+    pt.sample("b", dist.Normal(3.0, 0.1))
+    pt.sample("c", dist.HalfNormal(1.0))
+    pt.sample("d", dist.Normal(-1.0, 0.1))
+
+
+def _check_composed(tr, guide_trace, returned):
+    b, d = float(guide_trace["b"].value), float(guide_trace["d"].value)
+    assert list(tr) == ["a", "b", "c", "N", "obs"]  # "d" is blocked
+    assert tr["a"].is_observed and float(tr["a"].value) == 0.5  # condition
+    assert not tr["b"].is_observed and float(tr["b"].value) == b  # replay
+    assert not tr["c"].is_observed and float(tr["c"].value) == 1.5  # substitute, inside replay
+    assert float(returned[3]) == d  # "d" is hidden but replayed and used downstream
+    assert torch.allclose(tr["obs"].fn.loc, torch.tensor(b + d))
+    expected = (
+        stats.norm(0, 1).logpdf(0.5)
+        + stats.norm(0.5, 2).logpdf(b)
+        + stats.halfnorm(0, 1).logpdf(1.5)
+        + stats.norm(b + d, 1.5).logpdf(DATA.numpy()).sum()
+    )
+    assert float(tr.log_prob_sum()) == pytest.approx(expected, abs=1e-10)
+
+
+def test_condition_substitute_replay_block_together():
+    guide_trace = trace(seed(composed_guide, rng_seed=0)).get_trace()
+    # replay sits outside substitute, but "c" of the guide is hidden from it by a block
+    guide_trace = Trace((k, v) for k, v in guide_trace.items() if k != "c")
+    model = condition(composed_model, data={"a": torch.tensor(0.5)})
+    model = substitute(model, data={"c": torch.tensor(1.5)})
+    model = replay(model, trace=guide_trace)
+    model = block(model, hide=["d"])
+    tracer = trace(model)
+    returned = tracer(DATA)  # every latent is given: no seed needed
+    _check_composed(tracer.trace, guide_trace, returned)
+
+    with trace() as tr:
+        with block(hide=["d"]):
+            with replay(trace=guide_trace):
+                with substitute(data={"c": torch.tensor(1.5)}):
+                    with condition(data={"a": torch.tensor(0.5)}):
+                        returned = composed_model(DATA)
+    _check_composed(tr, guide_trace, returned)
+
+
+def test_outermost_value_setting_handler_wins():
+    guide_trace = trace(seed(composed_guide, rng_seed=0)).get_trace()
+    with trace() as tr, seed(rng_seed=0):
+        with replay(trace=guide_trace), substitute(data={"c": torch.tensor(1.5)}):
+            composed_model(DATA)
+    assert torch.equal(tr["c"].value, guide_trace["c"].value)
+    with trace() as tr, seed(rng_seed=0):
+        with substitute(data={"c": torch.tensor(1.5)}), replay(trace=guide_trace):
+            composed_model(DATA)
+    assert float(tr["c"].value) == 1.5

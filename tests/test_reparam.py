@@ -1,0 +1,299 @@
+"""Tests of the reparameterizers.
+
+The key property: the reparameterized model's log density at the auxiliary values equals
+the original model's log density at the values they map to, plus the log-Jacobian of that
+map. Checked exactly, in float64.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.handlers import reparam, seed, substitute, trace
+from probtorch.reparam import LocScaleReparam, TransformReparam
+from probtorch.runtime import CondIndepStackFrame
+
+pytestmark = pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")
+
+TOL = 1e-10
+
+EIGHT_Y = torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0], dtype=torch.float64)
+EIGHT_SIGMA = torch.tensor([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0], dtype=torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def f64():
+    torch.set_default_dtype(torch.float64)  # conftest restores the default dtype
+
+
+def eight_schools(sigma, y):
+    mu = pt.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pt.sample("tau", dist.HalfCauchy(5.0))
+    with pt.plate("J", len(sigma)):
+        theta = pt.sample("theta", dist.Normal(mu, tau))
+        pt.sample("y", dist.Normal(theta, sigma), obs=y)
+
+
+DATA = (EIGHT_SIGMA, EIGHT_Y)
+
+
+def log_density(model, values, *args):
+    """The log joint of ``model`` with latent sites set to ``values``, and its trace."""
+    tr = trace(substitute(model, data=values)).get_trace(*args)
+    return float(tr.log_prob_sum()), tr
+
+
+MU = torch.tensor(1.7, dtype=torch.float64)
+TAU = torch.tensor(3.2, dtype=torch.float64)
+Z = torch.tensor([0.3, -1.1, 0.8, 2.0, -0.4, 0.05, -1.7, 1.2], dtype=torch.float64)
+
+
+def test_eight_schools_noncentered():
+    model = reparam(eight_schools, config={"theta": LocScaleReparam(centered=0.0)})
+    aux = {"mu": MU, "tau": TAU, "theta_decentered": Z}
+    lp_reparam, tr = log_density(model, aux, EIGHT_SIGMA, EIGHT_Y)
+    assert list(tr) == ["mu", "tau", "J", "theta_decentered", "theta", "y"]
+    theta = MU + TAU * Z
+    assert tr["theta"].type == "deterministic"
+    assert torch.allclose(tr["theta"].value, theta, rtol=0, atol=1e-14)
+    # the auxiliary site is a standard normal broadcast over the plate
+    fn = tr["theta_decentered"].fn
+    assert torch.equal(fn.loc, torch.zeros(8)) and torch.equal(fn.scale, torch.ones(8))
+    assert tr["theta_decentered"].cond_indep_stack == (CondIndepStackFrame("J", -1, 8, 8),)
+    assert torch.allclose(tr["y"].fn.loc, theta, rtol=0, atol=1e-14)
+
+    lp_orig, _ = log_density(eight_schools, {"mu": MU, "tau": TAU, "theta": theta}, *DATA)
+    log_jacobian = 8 * math.log(TAU)  # theta = mu + tau * z, elementwise
+    assert lp_reparam == pytest.approx(lp_orig + log_jacobian, abs=TOL)
+
+    # and independently of probtorch: scipy on the auxiliary parameterization
+    expected = (
+        stats.norm(0, 5).logpdf(MU.item())
+        + stats.halfcauchy(0, 5).logpdf(TAU.item())
+        + stats.norm.logpdf(Z.numpy()).sum()
+        + stats.norm(theta.numpy(), EIGHT_SIGMA.numpy()).logpdf(EIGHT_Y.numpy()).sum()
+    )
+    assert lp_reparam == pytest.approx(expected, abs=TOL)
+
+
+@pytest.mark.parametrize("centered", [0.3, 0.75])
+def test_eight_schools_partially_centered(centered):
+    model = reparam(eight_schools, config={"theta": LocScaleReparam(centered=centered)})
+    aux = {"mu": MU, "tau": TAU, "theta_decentered": Z}
+    lp_reparam, tr = log_density(model, aux, EIGHT_SIGMA, EIGHT_Y)
+    fn = tr["theta_decentered"].fn
+    assert torch.allclose(fn.loc, torch.full((8,), centered * MU.item()), rtol=0, atol=1e-14)
+    assert torch.allclose(fn.scale, torch.full((8,), TAU.item() ** centered), rtol=0, atol=1e-14)
+    # theta = mu + tau^(1-c) * (z - c * mu)
+    theta = MU + TAU ** (1 - centered) * (Z - centered * MU)
+    assert torch.allclose(tr["theta"].value, theta, rtol=0, atol=1e-14)
+    lp_orig, _ = log_density(eight_schools, {"mu": MU, "tau": TAU, "theta": theta}, *DATA)
+    log_jacobian = 8 * (1 - centered) * math.log(TAU)
+    assert lp_reparam == pytest.approx(lp_orig + log_jacobian, abs=TOL)
+
+
+def test_learned_centering_param():
+    model = reparam(eight_schools, config={"theta": LocScaleReparam(centered=None)})
+    aux = {"mu": MU, "tau": TAU, "theta_decentered": Z}
+    lp_reparam, tr = log_density(model, aux, EIGHT_SIGMA, EIGHT_Y)
+    assert tr["theta_centered"].type == "param"
+    centered = pt.get_param_store()["theta_centered"].detach()
+    assert torch.allclose(centered, torch.full((), 0.5))
+    theta = MU + TAU**0.5 * (Z - 0.5 * MU)
+    lp_orig, _ = log_density(eight_schools, {"mu": MU, "tau": TAU, "theta": theta}, *DATA)
+    assert lp_reparam == pytest.approx(lp_orig + 8 * 0.5 * math.log(TAU), abs=TOL)
+
+
+def test_fully_centered_is_unchanged():
+    model = reparam(eight_schools, config={"theta": LocScaleReparam(centered=1.0)})
+    tr = trace(seed(model, rng_seed=0)).get_trace(EIGHT_SIGMA, EIGHT_Y)
+    assert list(tr) == ["mu", "tau", "J", "theta", "y"]
+    assert tr["theta"].type == "sample"
+
+
+def test_studentt_with_shape_params():
+    df, loc, scale = torch.tensor(3.5), torch.tensor([0.5, -1.0, 2.0]), torch.tensor(2.5)
+
+    def model():
+        with pt.plate("data", 3):
+            return pt.sample("x", dist.StudentT(df, loc, scale))
+
+    z = torch.tensor([0.2, -0.9, 1.4])
+    config = {"x": LocScaleReparam(centered=0.0, shape_params=("df",))}
+    lp_reparam, tr = log_density(reparam(model, config=config), {"x_decentered": z})
+    fn = tr["x_decentered"].fn
+    assert isinstance(fn, dist.StudentT)
+    assert torch.equal(fn.df, torch.full((3,), 3.5))
+    x = loc + scale * z
+    assert torch.allclose(tr["x"].value, x, rtol=0, atol=1e-14)
+    lp_orig, _ = log_density(model, {"x": x})
+    assert lp_reparam == pytest.approx(lp_orig + 3 * math.log(scale), abs=TOL)
+    assert lp_reparam == pytest.approx(stats.t(3.5).logpdf(z.numpy()).sum(), abs=TOL)
+
+
+def test_loc_scale_on_to_event_distribution():
+    loc, scale = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.5, 1.5, 4.0])
+
+    def model():
+        with pt.plate("data", 2):
+            return pt.sample("x", dist.Normal(loc, scale).to_event(1))
+
+    z = torch.tensor([[0.1, -0.2, 0.3], [1.0, 0.0, -1.0]])
+    config = {"x": LocScaleReparam(centered=0.0)}
+    lp_reparam, tr = log_density(reparam(model, config=config), {"x_decentered": z})
+    fn = tr["x_decentered"].fn
+    assert fn.batch_shape == (2,) and fn.event_shape == (3,)
+    x = loc + scale * z
+    assert torch.allclose(tr["x"].value, x, rtol=0, atol=1e-14)
+    lp_orig, _ = log_density(model, {"x": x})
+    assert lp_reparam == pytest.approx(lp_orig + 2 * scale.log().sum().item(), abs=TOL)
+
+
+def test_transform_lognormal():
+    loc, scale = torch.tensor(0.3), torch.tensor(0.8)
+
+    def model():
+        with pt.plate("data", 4):
+            return pt.sample("x", dist.LogNormal(loc, scale))
+
+    base = torch.tensor([-0.5, 0.0, 0.7, 1.9])
+    model_r = reparam(model, config={"x": TransformReparam()})
+    lp_reparam, tr = log_density(model_r, {"x_base": base})
+    assert list(tr) == ["data", "x_base", "x"]
+    assert tr["x"].type == "deterministic"
+    assert isinstance(tr["x_base"].fn, dist.Normal) and tr["x_base"].fn.batch_shape == (4,)
+    x = base.exp()
+    assert torch.allclose(tr["x"].value, x, rtol=1e-15)
+    lp_orig, _ = log_density(model, {"x": x})
+    # x = exp(base): log |dx/dbase| = base
+    assert lp_reparam == pytest.approx(lp_orig + base.sum().item(), abs=TOL)
+    expected_orig = stats.lognorm(s=0.8, scale=math.exp(0.3)).logpdf(x.numpy()).sum()
+    assert lp_orig == pytest.approx(expected_orig, abs=TOL)
+
+
+def test_transform_to_event_lognormal():
+    loc, scale = torch.tensor([0.0, 1.0, -1.0]), torch.tensor([1.0, 0.5, 2.0])
+
+    def model():
+        return pt.sample("x", dist.LogNormal(loc, scale).to_event(1))
+
+    base = torch.tensor([0.4, -0.3, 1.1])
+    model_r = reparam(model, config={"x": TransformReparam()})
+    lp_reparam, tr = log_density(model_r, {"x_base": base})
+    fn = tr["x_base"].fn
+    assert fn.batch_shape == () and fn.event_shape == (3,)
+    assert tr.log_densities()["x_base"].shape == ()
+    lp_orig, _ = log_density(model, {"x": base.exp()})
+    assert lp_reparam == pytest.approx(lp_orig + base.sum().item(), abs=TOL)
+    assert lp_reparam == pytest.approx(
+        stats.norm(loc.numpy(), scale.numpy()).logpdf(base.numpy()).sum(), abs=TOL
+    )
+
+
+def test_transform_affine_event_transform_in_plate():
+    loc, scale = torch.tensor([0.0, 1.0, -1.0]), torch.tensor([1.0, 0.5, 2.0])
+    shift, mult = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0, -0.5, 3.0])
+
+    def model():
+        with pt.plate("data", 2):
+            base = dist.Normal(loc, scale).to_event(1)
+            transform = dist.transforms.AffineTransform(shift, mult, event_dim=1)
+            return pt.sample("x", dist.TransformedDistribution(base, [transform]))
+
+    base = torch.tensor([[0.4, -0.3, 1.1], [-2.0, 0.5, 0.0]])
+    model_r = reparam(model, config={"x": TransformReparam()})
+    lp_reparam, tr = log_density(model_r, {"x_base": base})
+    fn = tr["x_base"].fn
+    assert fn.batch_shape == (2,) and fn.event_shape == (3,)
+    x = shift + mult * base
+    assert torch.allclose(tr["x"].value, x, rtol=0, atol=1e-14)
+    lp_orig, _ = log_density(model, {"x": x})
+    log_jacobian = 2 * mult.abs().log().sum().item()
+    assert lp_reparam == pytest.approx(lp_orig + log_jacobian, abs=TOL)
+    np.testing.assert_allclose(
+        tr.log_densities()["x_base"].numpy(),
+        stats.norm(loc.numpy(), scale.numpy()).logpdf(base.numpy()).sum(-1),
+        rtol=1e-12,
+    )
+
+
+def test_transform_stick_breaking_changes_event_shape():
+    base_dist = dist.Normal(torch.zeros(3), 1.0).to_event(1)
+    transform = dist.transforms.StickBreakingTransform()
+
+    def model():
+        return pt.sample("p", dist.TransformedDistribution(base_dist, [transform]))
+
+    base = torch.tensor([0.2, -0.4, 1.0])
+    model_r = reparam(model, config={"p": TransformReparam()})
+    lp_reparam, tr = log_density(model_r, {"p_base": base})
+    assert tr["p_base"].fn.event_shape == (3,)
+    p = transform(base)
+    assert tr["p"].value.shape == (4,)
+    assert torch.allclose(tr["p"].value, p, rtol=0, atol=1e-15)
+    lp_orig, _ = log_density(model, {"p": p})
+    log_jacobian = transform.log_abs_det_jacobian(base, p).item()
+    assert lp_reparam == pytest.approx(lp_orig + log_jacobian, abs=TOL)
+
+
+def test_transform_that_adds_an_event_dim():
+    loc = torch.linspace(-1.0, 1.0, 6)
+    transform = dist.transforms.ReshapeTransform((6,), (2, 3))
+
+    def model():
+        with pt.plate("data", 2):
+            base = dist.Normal(loc, 2.0).to_event(1)
+            return pt.sample("m", dist.TransformedDistribution(base, [transform]))
+
+    base = torch.arange(12.0).reshape(2, 6) / 10
+    model_r = reparam(model, config={"m": TransformReparam()})
+    lp_reparam, tr = log_density(model_r, {"m_base": base})
+    fn = tr["m_base"].fn
+    assert fn.batch_shape == (2,) and fn.event_shape == (6,)
+    assert tr["m"].value.shape == (2, 2, 3)
+    assert torch.equal(tr["m"].value, base.reshape(2, 2, 3))
+    lp_orig, _ = log_density(model, {"m": base.reshape(2, 2, 3)})
+    assert lp_reparam == pytest.approx(lp_orig, abs=TOL)  # a reshape has unit Jacobian
+    assert lp_reparam == pytest.approx(
+        stats.norm(loc.numpy(), 2.0).logpdf(base.numpy()).sum(), abs=TOL
+    )
+
+
+def test_reparam_draws_and_gradients():
+    model = reparam(eight_schools, config={"theta": LocScaleReparam(centered=0.0)})
+    tr = trace(seed(model, rng_seed=0)).get_trace(EIGHT_SIGMA, EIGHT_Y)
+    mu, tau, z = (tr[k].value for k in ("mu", "tau", "theta_decentered"))
+    assert torch.allclose(tr["theta"].value, mu + tau * z, rtol=0, atol=1e-13)
+    # the reparameterized log density is differentiable in the auxiliary values
+    z = Z.clone().requires_grad_(True)
+    tr = trace(substitute(model, data={"mu": MU, "tau": TAU, "theta_decentered": z}))
+    tr.get_trace(EIGHT_SIGMA, EIGHT_Y).log_prob_sum().backward()
+    theta = MU + TAU * Z
+    expected = -Z + TAU * (EIGHT_Y - theta) / EIGHT_SIGMA**2
+    assert torch.allclose(z.grad, expected, rtol=1e-12)
+
+
+def test_reparam_errors():
+    with pytest.raises(ValueError, match=r"centered must lie in \[0, 1\], got 1.5"):
+        LocScaleReparam(centered=1.5)
+
+    def observed():
+        pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(1.0))
+
+    with pytest.raises(ValueError, match="LocScaleReparam cannot reparameterize the observed"):
+        reparam(observed, config={"y": LocScaleReparam(0.0)})()
+    with pytest.raises(ValueError, match="TransformReparam cannot reparameterize the observed"):
+        reparam(observed, config={"y": TransformReparam()})()
+
+    def gamma():
+        pt.sample("g", dist.Gamma(2.0, 1.0))
+
+    with pytest.raises(ValueError, match="'g'.*Gamma.*not a location-scale family"):
+        seed(reparam(gamma, config={"g": LocScaleReparam(0.0)}), rng_seed=0)()
+    with pytest.raises(ValueError, match="'g'.*Gamma, not a TransformedDistribution"):
+        seed(reparam(gamma, config={"g": TransformReparam()}), rng_seed=0)()
