@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(PY) -m probtorch.demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check probtorch tests bench
+	$(VENV)/bin/ruff check .
 
 test: $(STAMP) lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup tests probtorch --doctest-modules
