@@ -25,3 +25,5 @@ def test_readme_python_blocks_run(monkeypatch):
         exec(compile(block, str(README), "exec"), namespace)
     assert namespace["energy"].shape == (4,)
     assert namespace["grad"].shape == (4, 10)
+    assert namespace["draws"]["theta"].shape == (2000, 8)
+    assert 2.0 < float(namespace["draws"]["mu"].mean()) < 7.0

@@ -39,8 +39,12 @@ def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
     """
     az = _arviz()
     low_q, high_q = (1 - prob) / 2, 1 - (1 - prob) / 2
+    width = max(
+        [16]
+        + [len(n) + 2 + 4 * max(len(v.shape) - 2, 0) for n, v in samples.items()]
+    )
     header = (
-        f"{'':>16} {'mean':>9} {'std':>9} {f'{100 * low_q:g}%':>9} {'50%':>9} "
+        f"{'':>{width}} {'mean':>9} {'std':>9} {f'{100 * low_q:g}%':>9} {'50%':>9} "
         f"{f'{100 * high_q:g}%':>9} {'n_eff':>9} {'r_hat':>7}"
     )
     lines = [header]
@@ -57,7 +61,7 @@ def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
             label = name + (f"[{','.join(map(str, index))}]" if shape else "")
             q = np.quantile(column, [low_q, 0.5, high_q])
             lines.append(
-                f"{label:>16} {column.mean():9.2f} {column.std(ddof=1):9.2f} {q[0]:9.2f} "
+                f"{label:>{width}} {column.mean():9.2f} {column.std(ddof=1):9.2f} {q[0]:9.2f} "
                 f"{q[1]:9.2f} {q[2]:9.2f} {ess[i]:9.1f} {rhat[i]:7.3f}"
             )
     return "\n".join(lines)
