@@ -23,6 +23,8 @@ __all__ = [
     "welford_final",
     "warmup_windows",
     "mass_sqrt_from_inverse",
+    "WarmupSegment",
+    "warmup_segments",
 ]
 
 
@@ -68,20 +70,21 @@ def dual_averaging_final(state: DualAveragingState) -> torch.Tensor:
 class WelfordState(NamedTuple):
     mean: torch.Tensor  # (C, D)
     m2: torch.Tensor  # (C, D) diagonal or (C, D, D) dense
-    count: int
+    count: torch.Tensor  # (C,) draws seen per chain
 
 
 def welford_init(num_chains: int, dim: int, dense: bool, dtype, device=None) -> WelfordState:
     mean = torch.zeros(num_chains, dim, dtype=dtype, device=device)
     shape = (num_chains, dim, dim) if dense else (num_chains, dim)
-    return WelfordState(mean, torch.zeros(shape, dtype=dtype, device=device), 0)
+    count = torch.zeros(num_chains, dtype=dtype, device=device)
+    return WelfordState(mean, torch.zeros(shape, dtype=dtype, device=device), count)
 
 
 def welford_update(state: WelfordState, z: torch.Tensor) -> WelfordState:
     """Add one draw per chain to the running mean and (co)variance."""
     count = state.count + 1
     delta = z - state.mean
-    mean = state.mean + delta / count
+    mean = state.mean + delta / count.unsqueeze(-1)
     delta_after = z - mean
     if state.m2.dim() == 3:
         m2 = state.m2 + delta.unsqueeze(-1) * delta_after.unsqueeze(-2)
@@ -93,8 +96,10 @@ def welford_update(state: WelfordState, z: torch.Tensor) -> WelfordState:
 def welford_final(state: WelfordState) -> torch.Tensor:
     """Stan's regularized estimate: shrink towards 1e-3 * identity with weight 5 / (n + 5)."""
     n = state.count
-    if n < 2:
-        raise ValueError("welford_final needs at least two draws")
+    if bool((n < 2).any()):
+        raise ValueError(f"welford_final needs at least two draws per chain, got {n.tolist()}")
+    extra = (1,) * (state.m2.dim() - 1)
+    n = n.reshape(n.shape + extra)
     covariance = state.m2 / (n - 1)
     shrink = 5.0 / (n + 5.0)
     if covariance.dim() == 3:
@@ -141,3 +146,30 @@ def warmup_windows(
         windows.append((start, end))
         start, size = end, 2 * size
     return windows
+
+
+class WarmupSegment(NamedTuple):
+    """A run of warmup transitions with the same adaptation settings."""
+
+    length: int
+    collect_mass: bool  # feed draws to the mass-matrix estimate
+    ends_window: bool  # update the mass matrix (and restart step-size adaptation) after it
+
+
+def warmup_segments(num_warmup: int, windows: list[tuple[int, int]]) -> list[WarmupSegment]:
+    """Split ``num_warmup`` transitions at the slow windows' boundaries.
+
+    Example::
+
+        >>> [tuple(s) for s in warmup_segments(200, warmup_windows(200))]
+        [(75, False, False), (75, True, True), (50, False, False)]
+    """
+    segments, t = [], 0
+    for start, end in windows:
+        if start > t:
+            segments.append(WarmupSegment(start - t, False, False))
+        segments.append(WarmupSegment(end - start, True, True))
+        t = end
+    if num_warmup > t:
+        segments.append(WarmupSegment(num_warmup - t, False, False))
+    return segments

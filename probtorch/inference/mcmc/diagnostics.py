@@ -39,10 +39,7 @@ def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
     """
     az = _arviz()
     low_q, high_q = (1 - prob) / 2, 1 - (1 - prob) / 2
-    width = max(
-        [16]
-        + [len(n) + 2 + 4 * max(len(v.shape) - 2, 0) for n, v in samples.items()]
-    )
+    width = max([16] + [len(n) + 2 + 4 * max(len(v.shape) - 2, 0) for n, v in samples.items()])
     header = (
         f"{'':>{width}} {'mean':>9} {'std':>9} {f'{100 * low_q:g}%':>9} {'50%':>9} "
         f"{f'{100 * high_q:g}%':>9} {'n_eff':>9} {'r_hat':>7}"

@@ -25,13 +25,21 @@ class ChunkedLoop:
         chunk_size: iterations unrolled per compiled call. Larger chunks cost fewer calls
             and more compile time; iterations of finished chains are wasted.
         compiled: compile the chunk.
+        done: the state's all-finished flag, batched over chains.
     """
 
-    def __init__(self, iteration: Callable, chunk_size: int = 4, compiled: bool = True):
+    def __init__(
+        self,
+        iteration: Callable,
+        chunk_size: int = 4,
+        compiled: bool = True,
+        done: Callable = lambda state: state.done,
+    ):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = int(chunk_size)
         self.compiled = compiled
+        self.done = done
 
         def chunk(state, *args):
             for _ in range(chunk_size):
@@ -43,7 +51,7 @@ class ChunkedLoop:
 
     def __call__(self, state, *args):
         with torch_validation(False):
-            while not bool(state.done.all()):
+            while not bool(self.done(state).all()):
                 state = self._chunk(state, *args)
                 self.calls += 1
         return state

@@ -17,7 +17,11 @@ import torch
 from ...validation import torch_validation
 from ..init_strategies import init_to_uniform
 from ..potential import Potential, initialize_model
-from .adaptation import mass_sqrt_from_inverse
+from .adaptation import (
+    dual_averaging_update,
+    mass_sqrt_from_inverse,
+    welford_update,
+)
 from .executor import ChunkedLoop
 from .hmc import hmc_draw_randomness, hmc_init, hmc_iteration
 from .integrator import kinetic_energy, leapfrog, sample_momentum
@@ -28,8 +32,15 @@ from .nuts import (
     nuts_iteration,
     transition_result,
 )
+from .nuts_block import block_iteration, draw_block_randomness, init_block
+from .warmup import AdaptState
 
-__all__ = ["SamplerState", "NUTS", "HMC", "find_reasonable_step_size"]
+__all__ = ["SamplerState", "SegmentResult", "NUTS", "HMC", "find_reasonable_step_size"]
+
+STAT_NAMES = (
+    "diverging", "energy", "tree_depth", "num_steps", "accept_prob", "step_size",
+    "potential_energy",
+)  # fmt: skip
 
 
 class SamplerState(NamedTuple):
@@ -41,6 +52,16 @@ class SamplerState(NamedTuple):
     step_size: torch.Tensor  # (C,)
     inverse_mass: torch.Tensor  # (C, D) diagonal or (C, D, D) dense
     mass_sqrt: torch.Tensor  # M^{1/2}: (C, D) or Cholesky factor (C, D, D)
+
+
+class SegmentResult(NamedTuple):
+    """What :meth:`run_segment` returns: the new state, adaptation state, draws and stats."""
+
+    state: SamplerState
+    adapt: AdaptState
+    draws: torch.Tensor  # (C, n, D) unconstrained
+    stats: dict  # name -> (C, n)
+    interrupted: bool
 
 
 def find_reasonable_step_size(
@@ -169,7 +190,55 @@ class _HamiltonianKernel:
         raise NotImplementedError
 
     def sample(self, state: SamplerState) -> tuple[SamplerState, TransitionResult]:
+        """One transition for every chain."""
         raise NotImplementedError
+
+    def run_segment(
+        self,
+        state: SamplerState,
+        adapt: AdaptState,
+        num_transitions: int,
+        adapt_step_size: bool = False,
+        collect_mass: bool = False,
+        progress: Callable | None = None,
+    ) -> SegmentResult:
+        """``num_transitions`` transitions per chain, adapting as told after each one.
+
+        ``progress(n, step_size, divergences)`` is called as transitions complete.
+
+        The step size follows dual averaging when ``adapt_step_size``; draws feed the
+        mass-matrix estimate when ``collect_mass``. A KeyboardInterrupt ends the segment
+        early and keeps the transitions made so far.
+        """
+        C, D = state.z.shape
+        draws = state.z.new_empty(C, num_transitions, D)
+        stats = {name: [] for name in STAT_NAMES}
+        filled, interrupted, divergences = 0, False, 0
+        try:
+            for i in range(num_transitions):
+                step_size = state.step_size
+                state, result = self.sample(state)
+                if adapt_step_size:
+                    da = dual_averaging_update(
+                        adapt.dual_averaging, result.accept_prob, self.target_accept_prob
+                    )
+                    adapt = adapt._replace(dual_averaging=da)
+                    state = state._replace(step_size=torch.exp(da.log_step_size))
+                if collect_mass:
+                    adapt = adapt._replace(welford=welford_update(adapt.welford, state.z))
+                draws[:, i] = state.z
+                for name, value in _stat_values(step_size, result).items():
+                    stats[name].append(value)
+                filled = i + 1
+                divergences += int(result.diverging.sum())
+                if progress is not None:
+                    progress(1, state.step_size, divergences)
+        except KeyboardInterrupt:
+            interrupted = True
+        stats = {
+            k: torch.stack(v, dim=1) if v else state.z.new_zeros(C, 0) for k, v in stats.items()
+        }
+        return SegmentResult(state, adapt, draws[:, :filled], stats, interrupted)
 
 
 class NUTS(_HamiltonianKernel):
@@ -208,24 +277,102 @@ class NUTS(_HamiltonianKernel):
         *,
         max_tree_depth: int = 10,
         max_delta_energy: float = 1000.0,
+        block_size: int = 64,
         **kwargs,
     ):
         super().__init__(model, **kwargs)
         if not 1 <= max_tree_depth <= 20:
             raise ValueError(f"max_tree_depth must lie in [1, 20], got {max_tree_depth}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.max_tree_depth = int(max_tree_depth)
         self.max_delta_energy = float(max_delta_energy)
+        self.block_size = int(block_size)
+        # leaf uniforms per chain and block: room for several maximal trees
+        self.leaf_budget = max(4 * 2**self.max_tree_depth, 64 * self.block_size)
 
     def _build(self, potential: Potential) -> None:
         value_and_grad = potential.raw_value_and_grad
         max_depth, max_delta = self.max_tree_depth, self.max_delta_energy
+        target = self.target_accept_prob
 
         def iteration(state, rand, step_size, inverse_mass):
             return nuts_iteration(
                 state, rand, value_and_grad, step_size, inverse_mass, max_depth, max_delta
             )
 
+        def block_step(state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step, adapt_mass):
+            return block_iteration(
+                state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step, adapt_mass,
+                value_and_grad, max_depth, max_delta, target,
+            )  # fmt: skip
+
         self._loop = ChunkedLoop(iteration, self.chunk_size, potential.compiled)
+        self._block_loop = ChunkedLoop(
+            block_step, self.chunk_size, potential.compiled, done=lambda s: s.block_done
+        )
+
+    def run_segment(
+        self,
+        state: SamplerState,
+        adapt: AdaptState,
+        num_transitions: int,
+        adapt_step_size: bool = False,
+        collect_mass: bool = False,
+        progress: Callable | None = None,
+    ) -> SegmentResult:
+        """Run the transitions in blocks: chains start their next tree without waiting."""
+        C, D = state.z.shape
+        T, L = self.block_size, self.max_tree_depth
+        device, dtype = state.z.device, state.z.dtype
+        draws = state.z.new_empty(C, num_transitions, D)
+        stats: dict[str, torch.Tensor | None] = {name: None for name in STAT_NAMES}
+        filled, reported, divergences = [0] * C, 0, 0
+        remaining = torch.full((C,), num_transitions, dtype=torch.int64, device=device)
+        flags = (
+            torch.tensor(bool(adapt_step_size), device=device),
+            torch.tensor(bool(collect_mass), device=device),
+        )
+        interrupted = False
+        try:
+            while bool((remaining > 0).any()):
+                t_limit = remaining.clamp(max=T)
+                rand = draw_block_randomness(C, T, D, L, self.leaf_budget, dtype, device)
+                block = init_block(
+                    state.z, state.potential_energy, state.grad, state.step_size,
+                    adapt.dual_averaging, adapt.welford, t_limit, T, L,
+                )  # fmt: skip
+                block = self._block_loop(
+                    block, rand, state.inverse_mass, state.mass_sqrt, t_limit, *flags
+                )
+                out = block.out._asdict()
+                for c, k in enumerate(block.t.tolist()):
+                    if k:
+                        draws[c, filled[c] : filled[c] + k] = out["z"][c, :k]
+                        for name in STAT_NAMES:
+                            if stats[name] is None:
+                                stats[name] = out[name].new_empty(C, num_transitions)
+                            stats[name][c, filled[c] : filled[c] + k] = out[name][c, :k]
+                        filled[c] += k
+                state = state._replace(
+                    z=block.z,
+                    potential_energy=block.potential_energy,
+                    grad=block.grad,
+                    step_size=block.step_size,
+                )
+                adapt = AdaptState(block.dual_averaging, block.welford)
+                remaining = remaining - block.t
+                divergences += int(block.out.diverging[:, :T].sum())
+                if progress is not None:
+                    progress(min(filled) - reported, state.step_size, divergences)
+                    reported = min(filled)
+        except KeyboardInterrupt:
+            interrupted = True
+        kept = min(filled)  # chains may be uneven after an interrupt
+        stats = {
+            k: (v[:, :kept] if v is not None else state.z.new_zeros(C, 0)) for k, v in stats.items()
+        }
+        return SegmentResult(state, adapt, draws[:, :kept], stats, interrupted)
 
     def sample(self, state: SamplerState) -> tuple[SamplerState, TransitionResult]:
         C, D = state.z.shape
@@ -245,6 +392,18 @@ class NUTS(_HamiltonianKernel):
             z=result.z, potential_energy=result.potential_energy, grad=result.grad
         )
         return new_state, result
+
+
+def _stat_values(step_size: torch.Tensor, result: TransitionResult) -> dict[str, torch.Tensor]:
+    return {
+        "diverging": result.diverging,
+        "energy": result.energy,
+        "tree_depth": result.tree_depth,
+        "num_steps": result.num_steps,
+        "accept_prob": result.accept_prob,
+        "step_size": step_size,
+        "potential_energy": result.potential_energy,
+    }
 
 
 class HMC(_HamiltonianKernel):

@@ -12,13 +12,10 @@ import warnings
 import torch
 
 from .diagnostics import summary_table, to_inference_data
-from .kernels import SamplerState
-from .warmup import WarmupAdapter
+from .kernels import STAT_NAMES, SamplerState
+from .warmup import init_adapt_state, run_warmup
 
 __all__ = ["MCMC"]
-
-_STATS = ("diverging", "energy", "tree_depth", "num_steps", "accept_prob", "step_size",
-          "potential_energy")  # fmt: skip
 
 
 class MCMC:
@@ -99,9 +96,11 @@ class MCMC:
         chains with the adapted step size and mass matrix and no new warmup.
         """
         self._extra_fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
-        unknown = set(self._extra_fields) - set(_STATS)
+        unknown = set(self._extra_fields) - set(STAT_NAMES)
         if unknown:
-            raise ValueError(f"unknown extra_fields {sorted(unknown)}; available: {list(_STATS)}")
+            raise ValueError(
+                f"unknown extra_fields {sorted(unknown)}; available: {list(STAT_NAMES)}"
+            )
         self._model_args, self._model_kwargs = args, kwargs
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31, ()).item())
         with torch.random.fork_rng(devices=[]):
@@ -143,64 +142,31 @@ class MCMC:
         Returns the post-warmup state, the last state, the draws ``(C, S, D)`` and the
         per-draw statistics ``(C, S)``.
         """
-        from tqdm.auto import tqdm
-
         kernel = self.kernel
-        C = state.z.shape[0]
         if not continuing and self.num_warmup > 0:
-            adapter = WarmupAdapter(kernel, self.num_warmup)
-            adapter.init(state)
-            bar = tqdm(range(self.num_warmup), desc="warmup", disable=not self.progress_bar)
-            divergences = 0
-            try:
-                for t in bar:
-                    state, result = kernel.sample(state)
-                    state = adapter.update(t, state, result)
-                    divergences += int(result.diverging.sum())
-                    if self.progress_bar and (t % 20 == 0 or t == self.num_warmup - 1):
-                        bar.set_postfix(step_size=_fmt(state.step_size), divergences=divergences)
-            except KeyboardInterrupt:
-                bar.close()
+            with _progress("warmup", self.num_warmup, self.progress_bar) as bar:
+                state, _, interrupted = run_warmup(kernel, state, self.num_warmup, bar)
+            if interrupted:
                 self.interrupted = True
                 warnings.warn("interrupted during warmup: no draws were kept", stacklevel=3)
-                empty = state.z.new_zeros(C, 0, state.z.shape[1])
-                return None, state, empty, {k: empty[..., 0] for k in _STATS}
-            bar.close()
+                C, D = state.z.shape
+                empty = state.z.new_zeros(C, 0, D)
+                return None, state, empty, {k: empty[..., 0] for k in STAT_NAMES}
         warm = state
-        total = self.num_samples
-        kept = total // self.thinning
-        draws = state.z.new_empty(C, kept, state.z.shape[1])
-        stats = {k: None for k in _STATS}
-        bar = tqdm(range(total), desc="sample", disable=not self.progress_bar)
-        divergences, filled = 0, 0
-        try:
-            for t in bar:
-                state, result = kernel.sample(state)
-                divergences += int(result.diverging.sum())
-                if (t + 1) % self.thinning == 0 and filled < kept:
-                    draws[:, filled] = state.z
-                    values = _stat_values(state, result)
-                    for k in _STATS:
-                        if stats[k] is None:
-                            stats[k] = values[k].new_empty(C, kept)
-                        stats[k][:, filled] = values[k]
-                    filled += 1
-                if self.progress_bar and (t % 20 == 0 or t == total - 1):
-                    bar.set_postfix(step_size=_fmt(state.step_size), divergences=divergences)
-        except KeyboardInterrupt:
+        adapt = init_adapt_state(state, kernel.dense_mass)
+        with _progress("sample", self.num_samples, self.progress_bar) as bar:
+            result = kernel.run_segment(state, adapt, self.num_samples, progress=bar)
+        if result.interrupted:
             self.interrupted = True
             warnings.warn(
-                f"interrupted during sampling: keeping the {filled} draws per chain made so far",
+                f"interrupted during sampling: keeping the {result.draws.shape[1]} draws per "
+                f"chain made so far",
                 stacklevel=3,
             )
-        finally:
-            bar.close()
-        draws = draws[:, :filled]
-        stats = {
-            k: (v[:, :filled] if v is not None else state.z.new_zeros(C, 0))
-            for k, v in stats.items()
-        }
-        return warm, state, draws, stats
+        keep = slice(self.thinning - 1, None, self.thinning)
+        draws = result.draws[:, keep]
+        stats = {k: v[:, keep] for k, v in result.stats.items()}
+        return warm, result.state, draws, stats
 
     def _collect(self, draws: torch.Tensor, stats: dict) -> None:
         potential = self.kernel.potential
@@ -253,18 +219,6 @@ def _same_args(potential, args, kwargs) -> bool:
     )
 
 
-def _stat_values(state: SamplerState, result) -> dict[str, torch.Tensor]:
-    return {
-        "diverging": result.diverging,
-        "energy": result.energy,
-        "tree_depth": result.tree_depth,
-        "num_steps": result.num_steps,
-        "accept_prob": result.accept_prob,
-        "step_size": state.step_size,
-        "potential_energy": result.potential_energy,
-    }
-
-
 def _chain(state: SamplerState, c: int) -> SamplerState:
     return SamplerState(*(t[c : c + 1] for t in state))
 
@@ -280,6 +234,24 @@ def _cat_chains(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p[:, :size] for p in parts])
 
 
-def _fmt(step_size: torch.Tensor) -> str:
-    values = step_size.tolist()
-    return ", ".join(f"{v:.2e}" for v in values[:4]) + (" ..." if len(values) > 4 else "")
+class _progress:
+    """A tqdm bar for one phase, called with the number of transitions just completed."""
+
+    def __init__(self, phase: str, total: int, enabled: bool):
+        self.phase, self.total, self.enabled = phase, total, enabled
+
+    def __enter__(self):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.total, desc=self.phase, disable=not self.enabled)
+        return self
+
+    def __call__(self, n: int, step_size: torch.Tensor, divergences: int) -> None:
+        if self.enabled:
+            values = step_size.tolist()
+            shown = ", ".join(f"{v:.2e}" for v in values[:4]) + (" ..." if len(values) > 4 else "")
+            self.bar.set_postfix(step_size=shown, divergences=divergences, refresh=False)
+            self.bar.update(n)
+
+    def __exit__(self, *exc):
+        self.bar.close()

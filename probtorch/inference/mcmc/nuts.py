@@ -31,6 +31,7 @@ __all__ = [
     "draw_randomness",
     "init_transition",
     "nuts_iteration",
+    "nuts_step",
     "transition_result",
 ]
 
@@ -146,18 +147,41 @@ def nuts_iteration(
     max_delta_energy: float = 1000.0,
 ) -> NUTSState:
     """Advance every unfinished chain by one leapfrog step of its NUTS transition."""
+    u_leaf = rand.leaf_u.gather(-1, state.num_steps.unsqueeze(-1)).squeeze(-1)
+    return nuts_step(
+        state, rand.go_right, rand.merge_u, u_leaf, value_and_grad, step_size, inverse_mass,
+        max_depth, max_delta_energy,
+    )  # fmt: skip
+
+
+def nuts_step(
+    state: NUTSState,
+    go_right: torch.Tensor,
+    merge_u: torch.Tensor,
+    u_leaf: torch.Tensor,
+    value_and_grad: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    step_size: torch.Tensor,
+    inverse_mass: torch.Tensor,
+    max_depth: int,
+    max_delta_energy: float = 1000.0,
+) -> NUTSState:
+    """:func:`nuts_iteration` with this transition's random numbers given directly.
+
+    ``go_right`` and ``merge_u`` are ``(C, max_depth)``, one per doubling; ``u_leaf`` is the
+    uniform for the leaf this iteration adds, ``(C,)``.
+    """
     s = state
     active = ~s.done
     levels = torch.arange(max_depth, device=s.leaf.device)
     depth_idx = s.depth.clamp(max=max_depth - 1).unsqueeze(-1)
-    go_right = rand.go_right.gather(-1, depth_idx).squeeze(-1)
-    right = go_right.unsqueeze(-1)
+    right_now = go_right.gather(-1, depth_idx).squeeze(-1)
+    right = right_now.unsqueeze(-1)
 
     # one leapfrog from the edge the subtree grows from
     z_edge = torch.where(right, s.z_right, s.z_left)
     r_edge = torch.where(right, s.r_right, s.r_left)
     g_edge = torch.where(right, s.g_right, s.g_left)
-    signed_step = torch.where(go_right, step_size, -step_size)
+    signed_step = torch.where(right_now, step_size, -step_size)
     z, r, pe, g = leapfrog(value_and_grad, z_edge, r_edge, g_edge, signed_step, inverse_mass)
     energy = pe + kinetic_energy(inverse_mass, r)
     delta = energy - s.energy0
@@ -170,7 +194,6 @@ def nuts_iteration(
     first = s.leaf == 0
     neg_inf = torch.full_like(delta, float("-inf"))
     log_w_sub = torch.logaddexp(torch.where(first, neg_inf, s.log_weight_sub), log_w_leaf)
-    u_leaf = rand.leaf_u.gather(-1, s.num_steps.unsqueeze(-1)).squeeze(-1)
     take = first | (u_leaf < torch.exp(log_w_leaf - log_w_sub))
     take_ = take.unsqueeze(-1)
     z_sub = torch.where(take_, z, s.z_sub)
@@ -230,7 +253,7 @@ def nuts_iteration(
     next_leaf = leaf + 1
     sub_done = (next_leaf == (1 << s.depth)) | sub_turning | leaf_diverging
     valid = sub_done & ~sub_turning & ~leaf_diverging
-    u_merge = rand.merge_u.gather(-1, depth_idx).squeeze(-1)
+    u_merge = merge_u.gather(-1, depth_idx).squeeze(-1)
     accept_sub = valid & (u_merge < torch.exp(log_w_sub - s.log_weight))
     accept_ = accept_sub.unsqueeze(-1)
     z_prop = torch.where(accept_, z_sub, s.z_prop)

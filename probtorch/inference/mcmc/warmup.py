@@ -1,68 +1,73 @@
-"""Stan's warmup: step size by dual averaging throughout, mass matrix in slow windows."""
+"""Stan's warmup: step size by dual averaging throughout, mass matrix in slow windows.
+
+The kernel runs each :class:`~.adaptation.WarmupSegment` (transitions with fixed settings,
+adapting inside); between segments the host closes a window: the mass matrix becomes the
+window's regularized (co)variance estimate, the step-size heuristic runs again and dual
+averaging restarts. At the end the step size becomes dual averaging's running average.
+"""
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import NamedTuple
 
 from .adaptation import (
+    DualAveragingState,
+    WelfordState,
     dual_averaging_final,
     dual_averaging_init,
-    dual_averaging_update,
     mass_sqrt_from_inverse,
+    warmup_segments,
     warmup_windows,
     welford_final,
     welford_init,
-    welford_update,
 )
 
-__all__ = ["WarmupAdapter"]
+__all__ = ["AdaptState", "init_adapt_state", "run_warmup"]
 
 
-class WarmupAdapter:
-    """Adapts a kernel's :class:`SamplerState` after each warmup transition.
+class AdaptState(NamedTuple):
+    dual_averaging: DualAveragingState
+    welford: WelfordState
 
-    At the end of each slow window the mass matrix is set from the window's draws
-    (regularized as in Stan), the step-size heuristic is re-run and dual averaging restarts;
-    at the end of warmup the step size becomes dual averaging's running average.
+
+def init_adapt_state(state, dense: bool) -> AdaptState:
+    C, D = state.z.shape
+    return AdaptState(
+        dual_averaging_init(state.step_size),
+        welford_init(C, D, dense, state.z.dtype, state.z.device),
+    )
+
+
+def run_warmup(kernel, state, num_warmup: int, progress: Callable | None = None):
+    """Warm ``state`` up for ``num_warmup`` transitions; returns ``(state, stats, interrupted)``.
+
+    ``stats`` holds the per-transition statistics of the warmup (``(C, num_warmup)`` each).
     """
-
-    def __init__(self, kernel, num_warmup: int):
-        self.kernel = kernel
-        self.num_warmup = num_warmup
-        self.windows = warmup_windows(num_warmup) if kernel.adapt_mass_matrix else []
-        self._window_ends = {end - 1 for _, end in self.windows}
-        self._dual_averaging = None
-        self._welford = None
-
-    def init(self, state) -> None:
-        if self.kernel.adapt_step_size:
-            self._dual_averaging = dual_averaging_init(state.step_size)
-
-    def _in_window(self, t: int) -> bool:
-        return any(start <= t < end for start, end in self.windows)
-
-    def update(self, t: int, state, result):
-        """The state for transition ``t + 1`` after warmup transition ``t``."""
-        kernel = self.kernel
-        if kernel.adapt_step_size:
-            self._dual_averaging = dual_averaging_update(
-                self._dual_averaging, result.accept_prob, kernel.target_accept_prob
+    windows = warmup_windows(num_warmup) if kernel.adapt_mass_matrix else []
+    adapt = init_adapt_state(state, kernel.dense_mass)
+    all_stats = []
+    for segment in warmup_segments(num_warmup, windows):
+        result = kernel.run_segment(
+            state,
+            adapt,
+            segment.length,
+            adapt_step_size=kernel.adapt_step_size,
+            collect_mass=segment.collect_mass,
+            progress=progress,
+        )
+        state, adapt = result.state, result.adapt
+        all_stats.append(result.stats)
+        if result.interrupted:
+            return state, all_stats, True
+        if segment.ends_window:
+            inverse_mass = welford_final(adapt.welford)
+            state = state._replace(
+                inverse_mass=inverse_mass, mass_sqrt=mass_sqrt_from_inverse(inverse_mass)
             )
-            state = state._replace(step_size=torch.exp(self._dual_averaging.log_step_size))
-        if self._in_window(t):
-            if self._welford is None:
-                C, D = state.z.shape
-                self._welford = welford_init(C, D, kernel.dense_mass, state.z.dtype, state.z.device)
-            self._welford = welford_update(self._welford, state.z)
-            if t in self._window_ends:
-                inverse_mass = welford_final(self._welford)
-                self._welford = None
-                state = state._replace(
-                    inverse_mass=inverse_mass, mass_sqrt=mass_sqrt_from_inverse(inverse_mass)
-                )
-                if kernel.adapt_step_size:
-                    state = kernel.reset_step_size(state)
-                    self._dual_averaging = dual_averaging_init(state.step_size)
-        if t == self.num_warmup - 1 and kernel.adapt_step_size:
-            state = state._replace(step_size=dual_averaging_final(self._dual_averaging))
-        return state
+            if kernel.adapt_step_size:
+                state = kernel.reset_step_size(state)
+            adapt = init_adapt_state(state, kernel.dense_mass)
+    if kernel.adapt_step_size and num_warmup > 0:
+        state = state._replace(step_size=dual_averaging_final(adapt.dual_averaging))
+    return state, all_stats, False

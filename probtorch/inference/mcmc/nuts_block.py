@@ -1,0 +1,221 @@
+"""Many NUTS transitions per chain in one state machine: the block executor's graph.
+
+:func:`block_iteration` advances every chain by one leapfrog step, and also does what
+happens between transitions: a chain that finishes a transition records its draw, updates
+its step-size and mass-matrix adaptation, and starts its next transition at the next
+iteration, without waiting for the other chains' longer trees. A block ends for a chain
+after ``t_limit`` transitions, or when its share of pre-drawn leaf uniforms could not cover
+another full tree. The host then reads the draws and starts the next block; mass-matrix
+windows end at block boundaries.
+
+Random numbers are drawn on the host per block (:func:`draw_block_randomness`), so eager and
+compiled execution give the same draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from .adaptation import (
+    DualAveragingState,
+    WelfordState,
+    dual_averaging_update,
+    welford_update,
+)
+from .nuts import NUTSState, init_transition, nuts_step, transition_result
+
+__all__ = [
+    "BlockRandomness",
+    "BlockOutputs",
+    "BlockState",
+    "draw_block_randomness",
+    "init_block",
+    "block_iteration",
+]
+
+
+class BlockRandomness(NamedTuple):
+    momentum_noise: torch.Tensor  # (C, T, D)
+    go_right: torch.Tensor  # (C, T, max_depth)
+    merge_u: torch.Tensor  # (C, T, max_depth)
+    leaf_u: torch.Tensor  # (C, leaf_budget)
+
+
+class BlockOutputs(NamedTuple):
+    """Per-transition results; row ``T`` is a scratch row for chains that did not finish."""
+
+    z: torch.Tensor  # (C, T + 1, D)
+    potential_energy: torch.Tensor  # (C, T + 1)
+    energy: torch.Tensor
+    tree_depth: torch.Tensor
+    num_steps: torch.Tensor
+    accept_prob: torch.Tensor
+    diverging: torch.Tensor
+    step_size: torch.Tensor
+
+
+class BlockState(NamedTuple):
+    tree: NUTSState
+    need_init: torch.Tensor  # (C,) start a new transition at the next iteration
+    block_done: torch.Tensor  # (C,)
+    t: torch.Tensor  # (C,) transitions finished in this block
+    leaf_pos: torch.Tensor  # (C,) leaf uniforms used by finished transitions
+    z: torch.Tensor  # current point
+    potential_energy: torch.Tensor
+    grad: torch.Tensor
+    step_size: torch.Tensor
+    dual_averaging: DualAveragingState
+    welford: WelfordState
+    out: BlockOutputs
+
+
+def draw_block_randomness(C, T, D, max_depth, leaf_budget, dtype, device=None) -> BlockRandomness:
+    return BlockRandomness(
+        torch.randn(C, T, D, dtype=dtype, device=device),
+        torch.rand(C, T, max_depth, device=device) < 0.5,
+        torch.rand(C, T, max_depth, dtype=dtype, device=device),
+        torch.rand(C, leaf_budget, dtype=dtype, device=device),
+    )
+
+
+def init_block(
+    z, potential_energy, grad, step_size, dual_averaging, welford, t_limit, T, max_depth
+) -> BlockState:
+    """A block state whose chains start a fresh transition at ``z``."""
+    C, D = z.shape
+    zeros_noise = torch.zeros_like(z)
+    mass_one = torch.ones_like(z)
+    tree = init_transition(z, potential_energy, grad, zeros_noise, mass_one, mass_one, max_depth)
+    out_float = torch.zeros(C, T + 1, dtype=z.dtype, device=z.device)
+    out_long = torch.zeros(C, T + 1, dtype=torch.int64, device=z.device)
+    outputs = BlockOutputs(
+        torch.zeros(C, T + 1, D, dtype=z.dtype, device=z.device),
+        out_float.clone(), out_float.clone(), out_long.clone(), out_long.clone(),
+        out_float.clone(), out_long.bool(), out_float.clone(),
+    )  # fmt: skip
+    zeros_long = torch.zeros(C, dtype=torch.int64, device=z.device)
+    return BlockState(
+        tree,
+        torch.ones(C, dtype=torch.bool, device=z.device),
+        t_limit <= 0,
+        zeros_long.clone(),
+        zeros_long.clone(),
+        z.clone(),
+        potential_energy.clone(),
+        grad.clone(),
+        step_size.clone(),
+        DualAveragingState(*(x.clone() for x in dual_averaging)),
+        WelfordState(*(x.clone() for x in welford)),
+        outputs,
+    )
+
+
+def _at(buf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``buf[c, index[c]]`` for a (C, T, ...) buffer."""
+    idx = index.reshape(index.shape + (1,) * (buf.dim() - 1))
+    idx = idx.expand((buf.shape[0], 1) + buf.shape[2:])
+    return buf.gather(1, idx).squeeze(1)
+
+
+def _put(buf: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``buf[c, index[c]] = value[c]`` (functional)."""
+    idx = index.reshape(index.shape + (1,) * (buf.dim() - 1))
+    idx = idx.expand((buf.shape[0], 1) + buf.shape[2:])
+    return buf.scatter(1, idx, value.unsqueeze(1).to(buf.dtype))
+
+
+def _select(mask: torch.Tensor, new, old):
+    m = mask.reshape(mask.shape + (1,) * (new.dim() - 1))
+    return torch.where(m, new, old)
+
+
+def block_iteration(
+    bs: BlockState,
+    rand: BlockRandomness,
+    inverse_mass: torch.Tensor,
+    mass_sqrt: torch.Tensor,
+    t_limit: torch.Tensor,
+    adapt_step_size: torch.Tensor,
+    adapt_mass: torch.Tensor,
+    value_and_grad: Callable,
+    max_depth: int,
+    max_delta_energy: float,
+    target_accept_prob: float,
+) -> BlockState:
+    """One leapfrog step for every chain, plus the bookkeeping between transitions."""
+    T = bs.out.z.shape[1] - 1
+    leaf_budget = rand.leaf_u.shape[1]
+    t_idx = bs.t.clamp(max=T - 1)
+
+    # start a new transition where the previous one finished
+    noise = _at(rand.momentum_noise, t_idx)
+    fresh = init_transition(
+        bs.z, bs.potential_energy, bs.grad, noise, mass_sqrt, inverse_mass, max_depth
+    )
+    starting = bs.need_init & ~bs.block_done
+    tree = NUTSState(*(_select(starting, f, o) for f, o in zip(fresh, bs.tree)))
+    tree = tree._replace(done=tree.done | bs.block_done)
+
+    # one leapfrog of the transition in progress
+    leaf_index = (bs.leaf_pos + tree.num_steps).clamp(max=leaf_budget - 1)
+    u_leaf = rand.leaf_u.gather(1, leaf_index.unsqueeze(-1)).squeeze(-1)
+    new_tree = nuts_step(
+        tree,
+        _at(rand.go_right, t_idx),
+        _at(rand.merge_u, t_idx),
+        u_leaf,
+        value_and_grad,
+        bs.step_size,
+        inverse_mass,
+        max_depth,
+        max_delta_energy,
+    )
+    finished = new_tree.done & ~tree.done
+    result = transition_result(new_tree, inverse_mass)
+
+    # record the draw (unfinished chains write to the scratch row T)
+    slot = torch.where(finished, t_idx, torch.full_like(t_idx, T))
+    out = bs.out
+    out = BlockOutputs(
+        _put(out.z, slot, result.z),
+        _put(out.potential_energy, slot, result.potential_energy),
+        _put(out.energy, slot, result.energy),
+        _put(out.tree_depth, slot, result.tree_depth),
+        _put(out.num_steps, slot, result.num_steps),
+        _put(out.accept_prob, slot, result.accept_prob),
+        _put(out.diverging, slot, result.diverging),
+        _put(out.step_size, slot, bs.step_size),
+    )
+
+    # adaptation after each finished transition
+    adapt_step = finished & adapt_step_size
+    da_new = dual_averaging_update(bs.dual_averaging, result.accept_prob, target_accept_prob)
+    dual_averaging = DualAveragingState(
+        *(_select(adapt_step, n, o) for n, o in zip(da_new, bs.dual_averaging))
+    )
+    step_size = torch.where(adapt_step, torch.exp(da_new.log_step_size), bs.step_size)
+    collect = finished & adapt_mass
+    wf_new = welford_update(bs.welford, result.z)
+    welford = WelfordState(*(_select(collect, n, o) for n, o in zip(wf_new, bs.welford)))
+
+    t = bs.t + finished.to(bs.t.dtype)
+    leaf_pos = bs.leaf_pos + torch.where(finished, new_tree.num_steps, torch.zeros_like(bs.t))
+    out_of_leaves = leaf_pos + (2**max_depth) > leaf_budget
+    block_done = bs.block_done | (finished & ((t >= t_limit) | out_of_leaves))
+    return BlockState(
+        new_tree,
+        finished,
+        block_done,
+        t,
+        leaf_pos,
+        _select(finished, result.z, bs.z),
+        torch.where(finished, result.potential_energy, bs.potential_energy),
+        _select(finished, result.grad, bs.grad),
+        step_size,
+        dual_averaging,
+        welford,
+        out,
+    )
