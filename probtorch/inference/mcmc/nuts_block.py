@@ -121,10 +121,14 @@ def _at(buf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _put(buf: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``buf[c, index[c]] = value[c]`` (functional)."""
-    idx = index.reshape(index.shape + (1,) * (buf.dim() - 1))
-    idx = idx.expand((buf.shape[0], 1) + buf.shape[2:])
-    return buf.scatter(1, idx, value.unsqueeze(1).to(buf.dtype))
+    """``buf[c, index[c]] = value[c]`` (functional).
+
+    ``index_put`` rather than ``scatter``: Inductor turns a chain of index_puts into in-place
+    writes (one copy of the buffer per compiled call, none when the buffer is updated in
+    place), where each scatter copies the whole buffer.
+    """
+    chains = torch.arange(buf.shape[0], device=buf.device)
+    return buf.index_put((chains, index), value.to(buf.dtype))
 
 
 def _select(mask: torch.Tensor, new, old):
