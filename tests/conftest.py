@@ -15,6 +15,10 @@ import torch  # noqa: E402
 
 import probtorch  # noqa: E402
 
+# One intra-op thread per test process: pytest-xdist runs two workers on two cores, and eager
+# autograd with two threads each slowed calls by 100x on a shared machine.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _clean_state():

@@ -141,7 +141,7 @@ def warmup_windows(
     while start < end_slow:
         end = start + size
         # a window whose successor would not fit grows to the end of the slow phase
-        if end + 2 * size >= end_slow:
+        if windows and end + 2 * size > end_slow:
             end = end_slow
         windows.append((start, end))
         start, size = end, 2 * size
@@ -162,7 +162,7 @@ def warmup_segments(num_warmup: int, windows: list[tuple[int, int]]) -> list[War
     Example::
 
         >>> [tuple(s) for s in warmup_segments(200, warmup_windows(200))]
-        [(75, False, False), (75, True, True), (50, False, False)]
+        [(75, False, False), (25, True, True), (50, True, True), (50, False, False)]
     """
     segments, t = [], 0
     for start, end in windows:

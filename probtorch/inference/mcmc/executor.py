@@ -48,10 +48,16 @@ class ChunkedLoop:
 
         self._chunk = compile_fn(chunk, compiled)
         self.calls = 0
+        self.interrupted = False
 
     def __call__(self, state, *args):
+        """The final state; on KeyboardInterrupt, the state after the last whole chunk."""
+        self.interrupted = False
         with torch_validation(False):
-            while not bool(self.done(state).all()):
-                state = self._chunk(state, *args)
-                self.calls += 1
+            try:
+                while not bool(self.done(state).all()):
+                    state = self._chunk(state, *args)
+                    self.calls += 1
+            except KeyboardInterrupt:
+                self.interrupted = True
         return state

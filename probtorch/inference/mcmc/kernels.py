@@ -346,7 +346,11 @@ class NUTS(_HamiltonianKernel):
         collect_mass: bool = False,
         progress: Callable | None = None,
     ) -> SegmentResult:
-        """Run the transitions in blocks: chains start their next tree without waiting."""
+        """Run the transitions in blocks: chains start their next tree without waiting.
+
+        On KeyboardInterrupt the transitions finished so far are kept (the trees in progress
+        are dropped) and chains are cut to the shortest.
+        """
         C, D = state.z.shape
         T, L = self.block_size, self.max_tree_depth
         device, dtype = state.z.device, state.z.dtype
@@ -387,6 +391,8 @@ class NUTS(_HamiltonianKernel):
                     step_size=block.step_size,
                 )
                 adapt = AdaptState(block.dual_averaging, block.welford)
+                if self._block_loop.interrupted:
+                    raise KeyboardInterrupt  # the finished transitions above are kept
                 remaining = remaining - block.t
                 divergences += int(block.out.diverging[:, :T].sum())
                 if progress is not None:

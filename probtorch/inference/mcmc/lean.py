@@ -168,6 +168,7 @@ class LeanLoop:
         self.chunk_size = chunk_size
         self.path = path
         self.calls = 0
+        self.interrupted = False
 
     def __call__(self, state, *args):
         leaves = pytree.tree_leaves(state)
@@ -175,7 +176,11 @@ class LeanLoop:
         leaves = [x.clone() for x in leaves]
         flag = torch.zeros((), dtype=torch.bool)
         inputs = leaves + pytree.tree_leaves(args) + [flag]
-        self.calls += self._runner.run_until(inputs, flag, 2**62)
+        self.interrupted = False
+        try:
+            self.calls += self._runner.run_until(inputs, flag, 2**62)
+        except KeyboardInterrupt:  # delivered once the C++ loop returns: the state is whole
+            self.interrupted = True
         return pytree.tree_unflatten(leaves, self._state_spec)
 
 

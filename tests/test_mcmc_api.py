@@ -1,0 +1,529 @@
+"""The MCMC driver and the kernel API: shapes, statistics, export, reproducibility, restarts,
+interrupts, argument checks, Stan's warmup schedule and dual averaging."""
+
+import math
+
+import arviz as az
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.inference import HMC, MCMC, NUTS
+from probtorch.inference.mcmc.adaptation import warmup_windows
+
+STATS = (
+    "diverging", "energy", "tree_depth", "num_steps", "accept_prob", "step_size",
+    "potential_energy",
+)  # fmt: skip
+ARVIZ_STATS = {"diverging", "energy", "tree_depth", "n_steps", "step_size", "lp", "acceptance_rate"}
+
+
+@pytest.fixture(autouse=True)
+def float64_one_thread():
+    """float64 (conftest restores the dtype); one intra-op thread, the fastest for tiny models."""
+    torch.set_default_dtype(torch.float64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def vector_model(y):
+    """A vector site, a positive scalar site and two deterministic sites."""
+    loc = pt.sample("loc", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+    scale = pt.sample("scale", dist.HalfNormal(1.0))
+    pt.deterministic("loc_sum", loc.sum(-1))
+    pt.deterministic("scaled", loc * scale)
+    with pt.plate("n", y.shape[0]):
+        pt.sample("y", dist.Normal(loc, scale).to_event(1), obs=y)
+
+
+def normal_model(y):
+    """Normal observations with unknown mean and sd (for the scipy log likelihood)."""
+    mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+    sigma = pt.sample("sigma", dist.HalfNormal(2.0))
+    with pt.plate("n", y.shape[0]):
+        pt.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
+NOISE = 0.5
+
+
+def known_noise_model(y):
+    """Conjugate: the exact posterior of mu is normal."""
+    mu = pt.sample("mu", dist.Normal(0.0, 2.0))
+    with pt.plate("n", y.shape[0]):
+        pt.sample("y", dist.Normal(mu, NOISE), obs=y)
+
+
+def _data(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return 1.0 + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+
+
+def _vector_data(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.tensor([0.5, -0.5, 1.0]) + 0.8 * torch.randn(n, 3, generator=g)
+
+
+def _mcmc(model=vector_model, kernel=NUTS, num_warmup=60, num_samples=40, num_chains=2, **kw):
+    mcmc_kw = {k: kw.pop(k) for k in ("thinning", "chain_method", "seed") if k in kw}
+    mcmc_kw.setdefault("seed", 0)
+    return MCMC(
+        kernel(model, compile=False, **kw),
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        progress_bar=False,
+        **mcmc_kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def vector_run():
+    """One run of ``vector_model`` with every extra field (shared by the read-only tests)."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    try:
+        y = _vector_data()
+        mcmc = _mcmc(num_chains=3, num_samples=50)
+        mcmc.run(y, extra_fields=STATS)
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+    return mcmc, y
+
+
+# -- results ----------------------------------------------------------------------------------
+def test_get_samples_shapes(vector_run):
+    mcmc, _ = vector_run
+    flat = mcmc.get_samples()
+    grouped = mcmc.get_samples(group_by_chain=True)
+    shapes = {"loc": (3,), "scale": (), "loc_sum": (), "scaled": (3,)}
+    assert set(flat) == set(grouped) == set(shapes)
+    for name, event in shapes.items():
+        assert grouped[name].shape == (3, 50) + event
+        assert flat[name].shape == (150,) + event
+        assert flat[name].dtype == torch.float64
+        torch.testing.assert_close(flat[name], grouped[name].reshape((150,) + event))
+    assert (flat["scale"] > 0).all()
+    # chains really are different chains
+    assert not torch.equal(grouped["loc"][0], grouped["loc"][1])
+
+
+def test_deterministic_sites_recorded(vector_run):
+    samples = vector_run[0].get_samples()
+    torch.testing.assert_close(samples["loc_sum"], samples["loc"].sum(-1), rtol=0, atol=1e-12)
+    expected = samples["loc"] * samples["scale"].unsqueeze(-1)
+    torch.testing.assert_close(samples["scaled"], expected, rtol=0, atol=1e-12)
+
+
+def test_extra_fields(vector_run):
+    mcmc, y = vector_run
+    fields = mcmc.get_extra_fields()
+    grouped = mcmc.get_extra_fields(group_by_chain=True)
+    assert set(fields) == set(grouped) == set(STATS)
+    for name in STATS:
+        assert grouped[name].shape == (3, 50), name
+        assert fields[name].shape == (150,), name
+    assert fields["diverging"].dtype == torch.bool
+    depth, steps = grouped["tree_depth"], grouped["num_steps"]
+    assert not depth.is_floating_point() and not steps.is_floating_point()
+    # a tree of depth d holds 2**d - 1 leapfrog steps; the subtree that failed adds at most 2**d
+    assert ((depth >= 0) & (depth <= mcmc.kernel.max_tree_depth)).all()
+    assert ((steps >= 2**depth - 1) & (steps <= 2 ** (depth + 1) - 1) & (steps >= 1)).all()
+    accept = fields["accept_prob"]
+    assert ((accept >= 0) & (accept <= 1)).all()
+    # the adapted step size is fixed during sampling: one value per chain
+    step = grouped["step_size"]
+    torch.testing.assert_close(step, mcmc.last_state.step_size.unsqueeze(1).expand(3, 50))
+    # potential energy at the draws, recomputed from the constrained samples
+    potential = mcmc.kernel.potential
+    samples = mcmc.get_samples()
+    z = potential.pack({"loc": samples["loc"], "scale": samples["scale"]})
+    torch.testing.assert_close(fields["potential_energy"], potential(z), rtol=1e-10, atol=1e-10)
+    # energy = potential + kinetic, and kinetic energy is positive
+    assert (fields["energy"] > fields["potential_energy"]).all()
+
+
+def test_extra_fields_default_is_diverging_only():
+    mcmc = _mcmc(num_warmup=20, num_samples=10)
+    mcmc.run(_vector_data())
+    assert set(mcmc.get_extra_fields()) == {"diverging"}
+
+
+def test_thinning_keeps_every_nth_draw():
+    y = _vector_data()
+    full = _mcmc(num_samples=30, seed=3)
+    full.run(y, extra_fields=("accept_prob",))
+    thinned = _mcmc(num_samples=30, thinning=3, seed=3)
+    thinned.run(y, extra_fields=("accept_prob",))
+    a, b = full.get_samples(group_by_chain=True), thinned.get_samples(group_by_chain=True)
+    for name in a:
+        assert b[name].shape[:2] == (2, 10)
+        assert torch.equal(b[name], a[name][:, 2::3])
+    accept_full = full.get_extra_fields(group_by_chain=True)["accept_prob"]
+    accept_thinned = thinned.get_extra_fields(group_by_chain=True)["accept_prob"]
+    assert torch.equal(accept_thinned, accept_full[:, 2::3])
+
+
+def _exact_known_noise(y):
+    precision = 2.0**-2 + y.shape[0] / NOISE**2
+    return float(y.sum()) / NOISE**2 / precision, precision**-0.5
+
+
+def _assert_mean_within_4_mcse(draws: torch.Tensor, mean: float, sd: float):
+    """``draws`` (chains, draws); MCSE = exact sd / sqrt(bulk ESS).
+
+    With ESS > 250 the sd of a normal posterior has a relative Monte Carlo error of about
+    sqrt(1 / 500) = 4.5%, so 20% is over 4 standard errors.
+    """
+    ess = float(az.ess(draws.numpy(), method="bulk"))
+    assert ess > 250
+    mcse = sd / math.sqrt(ess)
+    assert abs(float(draws.mean()) - mean) < 4 * mcse
+    assert abs(float(draws.std()) - sd) < 0.2 * sd
+
+
+def test_sequential_chains():
+    y = _data(n=10, seed=1)
+    mcmc = _mcmc(known_noise_model, num_warmup=150, num_samples=300, num_chains=3,
+                 chain_method="sequential")  # fmt: skip
+    mcmc.run(y, extra_fields=("step_size",))
+    draws = mcmc.get_samples(group_by_chain=True)["mu"]
+    assert draws.shape == (3, 300)
+    assert mcmc.get_samples()["mu"].shape == (900,)
+    assert mcmc.get_extra_fields(group_by_chain=True)["step_size"].shape == (3, 300)
+    assert mcmc.last_state.z.shape == (3, 1)
+    assert mcmc.post_warmup_state.z.shape == (3, 1)
+    # each chain warmed up on its own (its own step size) and sampled its own draws
+    assert len(set(mcmc.last_state.step_size.tolist())) == 3
+    assert not torch.equal(draws[0], draws[1])
+    assert float(az.rhat(draws.numpy())) < 1.05
+    _assert_mean_within_4_mcse(draws, *_exact_known_noise(y))
+
+
+def test_seed_reproducibility():
+    y = _vector_data()
+
+    def run(seed):
+        mcmc = _mcmc(num_warmup=40, num_samples=20, seed=seed)
+        mcmc.run(y, extra_fields=STATS)
+        return mcmc.get_samples(), mcmc.get_extra_fields()
+
+    a, a_stats = run(7)
+    b, b_stats = run(7)
+    c, _ = run(8)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+        assert not torch.equal(a[name], c[name]), name
+    for name in STATS:
+        assert torch.equal(a_stats[name], b_stats[name]), name
+    # a seeded run leaves torch's global generator alone
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    run(7)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_print_summary(vector_run, capsys):
+    mcmc = vector_run[0]
+    mcmc.print_summary()
+    out = capsys.readouterr().out
+    divergences = int(mcmc.get_extra_fields()["diverging"].sum())
+    for text in ("loc[0]", "loc[2]", "scale", "loc_sum", "scaled[1]", "n_eff", "r_hat",
+                 "mean", "std", f"Number of divergences: {divergences}"):  # fmt: skip
+        assert text in out, text
+
+
+# -- ArviZ export -------------------------------------------------------------------------------
+def test_to_inference_data(vector_run):
+    mcmc, y = vector_run
+    idata = mcmc.to_inference_data()
+    assert {"posterior", "sample_stats", "observed_data", "log_likelihood"} <= set(idata.groups())
+    posterior = idata.posterior
+    assert posterior.sizes["chain"] == 3 and posterior.sizes["draw"] == 50
+    assert set(posterior.data_vars) == {"loc", "scale", "loc_sum", "scaled"}
+    assert posterior["loc"].shape == (3, 50, 3)
+    np.testing.assert_array_equal(
+        posterior["loc"].values, mcmc.get_samples(group_by_chain=True)["loc"].numpy()
+    )
+    sample_stats = idata.sample_stats
+    assert ARVIZ_STATS <= set(sample_stats.data_vars)
+    for name in ARVIZ_STATS:
+        assert sample_stats[name].shape == (3, 50), name
+    fields = mcmc.get_extra_fields(group_by_chain=True)
+    np.testing.assert_array_equal(sample_stats["lp"].values, -fields["potential_energy"].numpy())
+    np.testing.assert_array_equal(sample_stats["n_steps"].values, fields["num_steps"].numpy())
+    np.testing.assert_array_equal(
+        sample_stats["acceptance_rate"].values, fields["accept_prob"].numpy()
+    )
+    np.testing.assert_array_equal(sample_stats["diverging"].values, fields["diverging"].numpy())
+    np.testing.assert_array_equal(idata.observed_data["y"].values, y.numpy())
+    assert idata.log_likelihood["y"].shape == (3, 50, y.shape[0])
+
+
+def test_log_likelihood_matches_scipy():
+    y = _data(n=6)
+    mcmc = _mcmc(normal_model, num_warmup=40, num_samples=25)
+    mcmc.run(y)
+    idata = mcmc.to_inference_data()
+    samples = mcmc.get_samples(group_by_chain=True)
+    mu, sigma = samples["mu"].numpy(), samples["sigma"].numpy()
+    expected = stats.norm(mu[..., None], sigma[..., None]).logpdf(y.numpy())
+    assert expected.shape == (2, 25, 6)
+    np.testing.assert_allclose(idata.log_likelihood["y"].values, expected, rtol=1e-10, atol=1e-10)
+    assert set(idata.sample_stats.data_vars) >= ARVIZ_STATS  # recorded even if not requested
+
+
+# -- continuing, initial values, interrupts -------------------------------------------------------
+def _count_calls(monkeypatch, kernel, raise_at=None):
+    """Wrap ``kernel.sample``: count calls, and raise KeyboardInterrupt on call ``raise_at``."""
+    calls = []
+    original = kernel.sample
+
+    def sample(state):
+        calls.append(1)
+        if raise_at is not None and len(calls) == raise_at:
+            raise KeyboardInterrupt
+        return original(state)
+
+    monkeypatch.setattr(kernel, "sample", sample)
+    return calls
+
+
+@pytest.mark.parametrize("kernel, options", [(NUTS, {}), (HMC, {"num_steps": 4})])
+def test_continue_from_last_state_skips_warmup(kernel, options, monkeypatch):
+    y = _vector_data()
+    mcmc = _mcmc(kernel=kernel, num_warmup=80, num_samples=30, **options)
+    mcmc.run(y, extra_fields=("step_size",))
+    first = mcmc.last_state
+    potential = mcmc.kernel.potential
+    adapted_step = first.step_size.clone()
+    calls = _count_calls(monkeypatch, mcmc.kernel) if kernel is HMC else None
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(y, extra_fields=("step_size",))
+    if calls is not None:
+        assert len(calls) == 30  # HMC runs one sample() per transition: no warmup ones
+    assert mcmc.kernel.potential is potential  # the kernel was not set up again
+    # a new warmup would have re-run the step-size heuristic and dual averaging
+    step = mcmc.get_extra_fields(group_by_chain=True)["step_size"]
+    torch.testing.assert_close(step, adapted_step.unsqueeze(1).expand(2, 30), rtol=0, atol=0)
+    torch.testing.assert_close(mcmc.last_state.step_size, adapted_step, rtol=0, atol=0)
+    torch.testing.assert_close(mcmc.last_state.inverse_mass, first.inverse_mass, rtol=0, atol=0)
+    assert mcmc.get_samples(group_by_chain=True)["loc"].shape == (2, 30, 3)
+
+
+def test_init_params_honored():
+    y = _vector_data()
+    init = {"loc": torch.tensor([0.5, -1.0, 2.0]), "scale": torch.tensor(1.5)}
+    kernel = NUTS(vector_model, compile=False)
+    state = kernel.setup((y,), {}, num_chains=3, rng_seed=0, init_params=init)
+    values = kernel.potential.unpack(state.z)
+    for c in range(3):
+        torch.testing.assert_close(values["loc"][c], init["loc"])
+        torch.testing.assert_close(values["scale"][c].exp(), init["scale"])  # log scale
+    # per-chain values, through the driver: tiny fixed steps keep the one draw at the start
+    per_chain = {"loc": torch.tensor([[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]]),
+                 "scale": torch.tensor([0.5, 2.0])}  # fmt: skip
+    mcmc = _mcmc(num_warmup=0, num_samples=1, step_size=1e-6, adapt_step_size=False,
+                 max_tree_depth=1)  # fmt: skip
+    mcmc.run(y, init_params=per_chain)
+    samples = mcmc.get_samples(group_by_chain=True)
+    torch.testing.assert_close(samples["loc"][:, 0], per_chain["loc"], rtol=0, atol=1e-4)
+    torch.testing.assert_close(samples["scale"][:, 0], per_chain["scale"], rtol=0, atol=1e-4)
+
+
+def test_keyboard_interrupt_during_sampling_keeps_draws(monkeypatch):
+    mcmc = _mcmc(kernel=HMC, num_steps=3, num_warmup=20, num_samples=50)
+    calls = _count_calls(monkeypatch, mcmc.kernel, raise_at=20 + 11)
+    with pytest.warns(UserWarning, match="interrupted during sampling.* 10 draws"):
+        mcmc.run(_vector_data(), extra_fields=("accept_prob",))
+    assert len(calls) == 31
+    assert mcmc.interrupted
+    samples = mcmc.get_samples(group_by_chain=True)
+    assert samples["loc"].shape == (2, 10, 3) and samples["scale"].shape == (2, 10)
+    assert mcmc.get_extra_fields(group_by_chain=True)["accept_prob"].shape == (2, 10)
+    assert torch.isfinite(samples["loc"]).all()
+
+
+def test_keyboard_interrupt_during_warmup(monkeypatch):
+    mcmc = _mcmc(kernel=HMC, num_steps=3, num_warmup=20, num_samples=50)
+    _count_calls(monkeypatch, mcmc.kernel, raise_at=5)
+    with pytest.warns(UserWarning, match="interrupted during warmup"):
+        mcmc.run(_vector_data())
+    assert mcmc.interrupted
+    assert mcmc.get_samples() == {}
+    assert mcmc.post_warmup_state is None
+
+
+def test_keyboard_interrupt_inside_nuts_keeps_the_draws_made_so_far():
+    """Ctrl-C inside the model's evaluation (anywhere in a NUTS trajectory): the draws already
+    made are kept, and they are the draws an uninterrupted run makes."""
+    counter = {"calls": 0, "interrupt_at": None}
+
+    def model(y):
+        counter["calls"] += 1
+        if counter["calls"] == counter["interrupt_at"]:
+            raise KeyboardInterrupt
+        vector_model(y)
+
+    y = _vector_data()
+    mcmc = _mcmc(model, num_warmup=60, num_samples=96, block_size=16, seed=2)
+    mcmc.run(y)
+    warm = mcmc.last_state
+    mcmc.post_warmup_state = warm
+    counter["calls"] = 0
+    mcmc.run(y)  # uninterrupted continuation, for reference
+    reference = mcmc.get_samples(group_by_chain=True)
+    mcmc.post_warmup_state = warm
+    counter["interrupt_at"], counter["calls"] = int(0.7 * counter["calls"]), 0
+    with pytest.warns(UserWarning, match="interrupted during sampling"):
+        mcmc.run(y, extra_fields=("num_steps",))
+    assert mcmc.interrupted
+    samples = mcmc.get_samples(group_by_chain=True)
+    assert set(samples) == set(reference)
+    kept = samples["loc"].shape[1]
+    assert 0 < kept < 96
+    assert mcmc.get_extra_fields(group_by_chain=True)["num_steps"].shape == (2, kept)
+    for name in reference:
+        assert torch.equal(samples[name], reference[name][:, :kept]), name
+
+
+# -- argument checks --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_samples=0),
+        dict(num_warmup=-1),
+        dict(num_chains=0),
+        dict(thinning=0),
+        dict(chain_method="bad"),
+    ],
+)
+def test_invalid_mcmc_arguments(kwargs):
+    args = dict(num_warmup=10, num_samples=10) | kwargs
+    with pytest.raises(ValueError):
+        MCMC(NUTS(vector_model, compile=False), progress_bar=False, **args)
+
+
+def test_unknown_extra_field():
+    mcmc = _mcmc(num_warmup=5, num_samples=5)
+    with pytest.raises(ValueError, match="bogus"):
+        mcmc.run(_vector_data(), extra_fields=("accept_prob", "bogus"))
+
+
+def test_discrete_latent_site_is_named():
+    def model(y):
+        flip = pt.sample("flip", dist.Bernoulli(0.3))
+        with pt.plate("n", y.shape[0]):
+            pt.sample("y", dist.Normal(flip, 1.0), obs=y)
+
+    mcmc = _mcmc(model, num_warmup=5, num_samples=5)
+    with pytest.raises(ValueError, match="'flip'.*discrete"):
+        mcmc.run(_data())
+
+
+# -- Stan's windowed adaptation schedule --------------------------------------------------------
+def stan_windows(num_warmup, init_buffer=75, term_buffer=50, base_window=25):
+    """Stan's slow windows, ``[start, end)``, by stepping its ``windowed_adaptation`` counter.
+
+    A transliteration of ``stan/mcmc/windowed_adaptation.hpp``: the first window is
+    ``base_window`` long; at the end of each window the next one doubles, and it is stretched to
+    the end of the slow phase when the window after it would reach past that end.
+    """
+    if num_warmup < 20:
+        return []
+    if init_buffer + base_window + term_buffer > num_warmup:
+        init_buffer = int(0.15 * num_warmup)
+        term_buffer = int(0.1 * num_warmup)
+        base_window = num_warmup - (init_buffer + term_buffer)
+    last = num_warmup - term_buffer - 1  # last iteration of the slow phase
+    size, next_end = base_window, init_buffer + base_window - 1  # inclusive, as in Stan
+    windows, start = [], init_buffer
+    for counter in range(num_warmup):
+        if counter != next_end:
+            continue
+        windows.append((start, counter + 1))
+        start = counter + 1
+        if next_end == last:
+            break
+        size *= 2
+        next_end = counter + size
+        if next_end != last and next_end + 2 * size >= last + 1:
+            next_end = last
+    return windows
+
+
+def test_stan_windows_reference():
+    """The transliteration reproduces CmdStan's documented default and short schedules."""
+    assert stan_windows(1000) == [(75, 100), (100, 150), (150, 250), (250, 450), (450, 950)]
+    assert stan_windows(100) == [(15, 90)]
+
+
+def test_warmup_windows_stan_defaults():
+    assert warmup_windows(1000) == [(75, 100), (100, 150), (150, 250), (250, 450), (450, 950)]
+    # too short for 75 + 25 + 50: buffers scaled to 15% / 75% / 10%
+    assert warmup_windows(100) == [(15, 90)]
+    assert warmup_windows(60) == [(9, 54)]
+    assert warmup_windows(19) == []
+
+
+# Stan never stretches the first window, and stretches a window only when the one after it
+# would run past the end of the slow phase.
+@pytest.mark.parametrize(
+    "num_warmup",
+    [0, 19, 20, 37, 60, 100, 149, 150, 201, 250, 301, 350, 400, 450, 501, 700, 1000, 1234, 2000]
+    + [151, 170, 199, 200, 300, 500, 900, 1700],
+)
+def test_warmup_windows_match_stan(num_warmup):
+    assert warmup_windows(num_warmup) == stan_windows(num_warmup)
+
+
+# -- dual averaging -----------------------------------------------------------------------------
+def standard_normal(dim):
+    def model():
+        pt.sample("x", dist.Normal(torch.zeros(dim), 1.0).to_event(1))
+
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["nuts", "hmc"])
+def test_dual_averaging_hits_target_accept_prob(kernel):
+    """With a fixed (correct) metric, dual averaging runs through the whole warmup."""
+    model = standard_normal(10)
+    step_sizes = {}
+    for target in (0.65, 0.95):
+        if kernel == "nuts":
+            k = NUTS(model, target_accept_prob=target, adapt_mass_matrix=False, compile=False)
+        else:
+            # a trajectory of about a quarter period: no resonance on the standard normal
+            k = HMC(model, trajectory_length=1.5, target_accept_prob=target,
+                    adapt_mass_matrix=False, compile=False)  # fmt: skip
+        mcmc = MCMC(k, num_warmup=300, num_samples=200, num_chains=4, progress_bar=False, seed=0)
+        mcmc.run(extra_fields=("accept_prob",))
+        accept = mcmc.get_extra_fields()["accept_prob"]
+        assert abs(float(accept.mean()) - target) < 0.1, target
+        step_sizes[target] = mcmc.last_state.step_size
+    # a higher target needs smaller steps (leapfrog's energy error grows with the step size)
+    assert (step_sizes[0.65] > 1.5 * step_sizes[0.95]).all()
+
+
+@pytest.mark.slow
+def test_windowed_adaptation_hits_target_accept_prob():
+    """Full warmup (step size and windowed diagonal metric), NUTS's default target 0.8."""
+    k = NUTS(standard_normal(50), compile=False)
+    mcmc = MCMC(k, num_warmup=300, num_samples=200, num_chains=4, progress_bar=False, seed=0)
+    mcmc.run(extra_fields=("accept_prob",))
+    accept = mcmc.get_extra_fields()["accept_prob"]
+    assert abs(float(accept.mean()) - 0.8) < 0.1
+    # the adapted diagonal metric estimates the unit variances
+    inverse_mass = mcmc.last_state.inverse_mass
+    assert inverse_mass.shape == (4, 50)
+    assert abs(float(inverse_mass.mean()) - 1) < 0.1

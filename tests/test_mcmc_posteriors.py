@@ -1,0 +1,208 @@
+"""NUTS and HMC against closed-form (conjugate) posteriors.
+
+Each case runs 4 chains with a fixed seed in float64 and checks, per scalar: the posterior
+mean within 4 Monte Carlo standard errors of the exact mean (MCSE = exact sd / sqrt(bulk
+ESS)), the sd within 10% of the exact sd, R-hat < 1.01, enough effective draws for those
+tolerances to mean something, and no divergences.
+"""
+
+import math
+from dataclasses import dataclass
+
+import arviz as az
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.inference import HMC, MCMC, NUTS
+
+pytestmark = pytest.mark.slow
+
+NUM_CHAINS = 4
+NUM_WARMUP = 500
+NUM_SAMPLES = 1000
+# With an ESS for the sd (ArviZ's method="sd") of at least 800, the sd of a Gaussian-like
+# posterior has a relative Monte Carlo error of about sqrt(1 / (2 * 800)) = 2.5%, so the 10% sd
+# tolerance is 4 standard errors. A bulk-ESS floor keeps a stuck sampler (huge MCSE) from
+# passing the mean check. (These runs give ESS of 1200-3700.)
+MIN_ESS = 800
+MEAN_MCSES = 4.0
+SD_RTOL = 0.10
+MAX_RHAT = 1.01
+
+
+@pytest.fixture(autouse=True)
+def float64_one_thread():
+    """float64 (conftest restores the dtype); one intra-op thread, which is fastest for these
+    tiny tensors and keeps an oversubscribed machine from slowing backward passes 100-fold."""
+    torch.set_default_dtype(torch.float64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@dataclass
+class Exact:
+    """Exact posterior mean and sd per site (arrays of the site's shape)."""
+
+    mean: dict
+    sd: dict
+
+
+def _check_posterior(mcmc: MCMC, exact: Exact) -> None:
+    samples = mcmc.get_samples(group_by_chain=True)
+    for name in exact.mean:
+        draws = samples[name].numpy()
+        C, S = draws.shape[:2]
+        assert (C, S) == (NUM_CHAINS, NUM_SAMPLES)
+        flat = draws.reshape(C, S, -1)
+        means = np.asarray(exact.mean[name], dtype=np.float64).reshape(-1)
+        sds = np.asarray(exact.sd[name], dtype=np.float64).reshape(-1)
+        assert flat.shape[2] == means.size, name
+        for i in range(flat.shape[2]):
+            chains = flat[:, :, i]
+            label = f"{name}[{i}]"
+            ess = float(az.ess(chains, method="bulk"))
+            rhat = float(az.rhat(chains))
+            mcse = sds[i] / math.sqrt(ess)
+            assert ess >= MIN_ESS, f"{label}: bulk ESS {ess:.0f}"
+            ess_sd = float(az.ess(chains, method="sd"))
+            assert ess_sd >= MIN_ESS, f"{label}: ESS for the sd {ess_sd:.0f}"
+            assert rhat < MAX_RHAT, f"{label}: R-hat {rhat:.4f}"
+            error = abs(chains.mean() - means[i])
+            assert error < MEAN_MCSES * mcse, (
+                f"{label}: mean {chains.mean():.5f}, exact {means[i]:.5f}, "
+                f"error {error / mcse:.2f} MCSE"
+            )
+            sd = chains.std(ddof=1)
+            assert abs(sd - sds[i]) < SD_RTOL * sds[i], f"{label}: sd {sd:.5f}, exact {sds[i]:.5f}"
+    diverging = mcmc.get_extra_fields()["diverging"]
+    assert diverging.shape == (NUM_CHAINS * NUM_SAMPLES,)
+    assert int(diverging.sum()) == 0
+
+
+def _run(kernel, *args, seed=0, extra_fields=()):
+    mcmc = MCMC(
+        kernel,
+        num_warmup=NUM_WARMUP,
+        num_samples=NUM_SAMPLES,
+        num_chains=NUM_CHAINS,
+        progress_bar=False,
+        seed=seed,
+    )
+    mcmc.run(*args, extra_fields=extra_fields)
+    return mcmc
+
+
+# -- (a) normal mean, known noise -------------------------------------------------------------
+PRIOR_LOC, PRIOR_SCALE, NOISE = 1.0, 2.0, 0.5
+
+
+def normal_mean(y):
+    mu = pt.sample("mu", dist.Normal(PRIOR_LOC, PRIOR_SCALE))
+    with pt.plate("n", y.shape[0]):
+        pt.sample("y", dist.Normal(mu, NOISE), obs=y)
+
+
+def _normal_mean_case():
+    g = torch.Generator().manual_seed(10)
+    y = 2.0 + NOISE * torch.randn(12, generator=g)
+    precision = PRIOR_SCALE**-2 + y.shape[0] / NOISE**2
+    mean = (PRIOR_LOC / PRIOR_SCALE**2 + float(y.sum()) / NOISE**2) / precision
+    return (y,), Exact({"mu": mean}, {"mu": precision**-0.5})
+
+
+def test_normal_mean_known_noise():
+    args, exact = _normal_mean_case()
+    _check_posterior(_run(NUTS(normal_mean, compile=False), *args), exact)
+
+
+def test_hmc_fixed_steps_normal_mean():
+    args, exact = _normal_mean_case()
+    mcmc = _run(HMC(normal_mean, num_steps=5, compile=False), *args, extra_fields=("num_steps",))
+    _check_posterior(mcmc, exact)
+    assert (mcmc.get_extra_fields()["num_steps"] == 5).all()
+
+
+# -- (b) beta-binomial -----------------------------------------------------------------------
+def beta_binomial(total, k):
+    p = pt.sample("p", dist.Beta(2.0, 3.0))
+    pt.sample("k", dist.Binomial(total, p), obs=k)
+
+
+def test_beta_binomial():
+    total, k = torch.tensor(40.0), torch.tensor(13.0)
+    post = stats.beta(2.0 + 13.0, 3.0 + 40.0 - 13.0)
+    exact = Exact({"p": post.mean()}, {"p": post.std()})
+    _check_posterior(_run(NUTS(beta_binomial, compile=False), total, k), exact)
+
+
+# -- (c) gamma-Poisson -----------------------------------------------------------------------
+def gamma_poisson(y):
+    rate = pt.sample("rate", dist.Gamma(3.0, 0.5))
+    with pt.plate("n", y.shape[0]):
+        pt.sample("y", dist.Poisson(rate), obs=y)
+
+
+def test_gamma_poisson():
+    y = torch.tensor([4.0, 7.0, 2.0, 5.0, 6.0, 3.0, 8.0, 4.0])
+    post = stats.gamma(3.0 + float(y.sum()), scale=1.0 / (0.5 + y.shape[0]))
+    exact = Exact({"rate": post.mean()}, {"rate": post.std()})
+    _check_posterior(_run(NUTS(gamma_poisson, compile=False), y), exact)
+
+
+# -- (d) Dirichlet-categorical ---------------------------------------------------------------
+ALPHA = [1.0, 2.0, 0.5, 3.0]
+
+
+def dirichlet_categorical(y):
+    probs = pt.sample("probs", dist.Dirichlet(torch.tensor(ALPHA)))
+    with pt.plate("n", y.shape[0]):
+        pt.sample("y", dist.Categorical(probs), obs=y)
+
+
+def test_dirichlet_categorical():
+    y = torch.tensor([0] * 3 + [1] * 7 + [2] * 1 + [3] * 9)
+    counts = torch.bincount(y, minlength=4).double()
+    post = stats.dirichlet(np.array(ALPHA) + counts.numpy())
+    exact = Exact({"probs": post.mean()}, {"probs": np.sqrt(post.var())})
+    mcmc = _run(NUTS(dirichlet_categorical, compile=False), y)
+    assert mcmc.get_samples()["probs"].sum(-1).sub(1).abs().max() < 1e-12
+    _check_posterior(mcmc, exact)
+
+
+# -- (e) linear regression with a strongly correlated design, dense mass --------------------
+REG_PRIOR_SCALE, REG_NOISE = 3.0, 0.7
+
+
+def linear_regression(X, y):
+    beta = pt.sample("beta", dist.Normal(0.0, REG_PRIOR_SCALE).expand([X.shape[1]]).to_event(1))
+    with pt.plate("n", X.shape[0]):
+        pt.sample("y", dist.Normal(X @ beta, REG_NOISE), obs=y)
+
+
+def test_linear_regression_correlated_design_dense_mass():
+    g = torch.Generator().manual_seed(11)
+    n, rho = 50, 0.99
+    x1 = torch.randn(n, generator=g)
+    x2 = rho * x1 + math.sqrt(1 - rho**2) * torch.randn(n, generator=g)
+    X = torch.stack([torch.ones(n), x1, x2], dim=-1)
+    y = X @ torch.tensor([0.5, 1.0, -2.0]) + REG_NOISE * torch.randn(n, generator=g)
+    precision = X.T @ X / REG_NOISE**2 + torch.eye(3) / REG_PRIOR_SCALE**2
+    cov = torch.linalg.inv(precision)
+    mean = cov @ X.T @ y / REG_NOISE**2
+    # the design really makes the posterior hard for a diagonal metric
+    corr = cov[1, 2] / (cov[1, 1] * cov[2, 2]).sqrt()
+    assert corr < -0.95
+    exact = Exact({"beta": mean.numpy()}, {"beta": cov.diagonal().sqrt().numpy()})
+    mcmc = _run(NUTS(linear_regression, dense_mass=True, compile=False), X, y)
+    _check_posterior(mcmc, exact)
+    # the adapted metric is dense and close to the posterior covariance (unconstrained = beta)
+    inverse_mass = mcmc.last_state.inverse_mass
+    assert inverse_mass.shape == (NUM_CHAINS, 3, 3)
+    adapted_corr = inverse_mass[:, 1, 2] / (inverse_mass[:, 1, 1] * inverse_mass[:, 2, 2]).sqrt()
+    assert (adapted_corr < -0.9).all()
