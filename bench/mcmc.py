@@ -422,10 +422,28 @@ def run_probtorch(model, cfg):
         compile_cpu.append(_cpu() - cpu)  # with one CPU, the C++ compiler runs as a child
 
     callback_handler.register_end_callback(on_compile_end)
+
+    # The lean executor builds its AOTInductor kernel outside Dynamo's callbacks: time it too.
+    kernels = importlib.import_module("probtorch.inference.mcmc.kernels")
+    build_lean = getattr(kernels, "build_lean_loop", None)
+    if build_lean is not None:
+
+        def timed_build_lean_loop(*args, **kwargs):
+            start, cpu = time.perf_counter(), _cpu()
+            try:
+                return build_lean(*args, **kwargs)
+            finally:
+                compiles.append((start, time.perf_counter()))
+                compile_cpu.append(_cpu() - cpu)
+
+        kernels.build_lean_loop = timed_build_lean_loop
     fn, args = probtorch_model(model, make_data(model))
     opts = MODEL_OPTS[model]
+    kw = {"dense_mass": opts["dense_mass"], "max_tree_depth": opts["max_tree_depth"]}
+    if cfg["variant"] != "vectorized":  # "vectorized-lean": NUTS(..., executor="lean")
+        kw["executor"] = cfg["variant"].split("-", 1)[1]
     mcmc = MCMC(
-        NUTS(fn, dense_mass=opts["dense_mass"], max_tree_depth=opts["max_tree_depth"]),
+        NUTS(fn, **kw),
         num_warmup=cfg["num_warmup"],
         num_samples=cfg["num_samples"],
         num_chains=cfg["num_chains"],
@@ -666,10 +684,12 @@ def spawn(cfg: dict, cpu: str | None, timeout: float) -> dict:
     if cfg["lib"] == "probtorch" and not cfg.get("warm_cache"):
         cache = tempfile.mkdtemp(prefix="bench_inductor_")  # cold compile every time
         env["TORCHINDUCTOR_CACHE_DIR"] = cache
+        env["PROBTORCH_CACHE_DIR"] = cache  # the lean executor's AOTInductor builds
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
     if cpu is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", cpu] + cmd
     load0 = _loadavg()
+    code = _probtorch_version() if cfg["lib"] == "probtorch" else None
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -684,10 +704,25 @@ def spawn(cfg: dict, cpu: str | None, timeout: float) -> dict:
     for line in proc.stdout.splitlines():
         if line.startswith("@@RESULT@@"):
             out = json.loads(line[len("@@RESULT@@") :])
-            out.update(process_wall_s=wall, loadavg=load0)
+            out.update(process_wall_s=wall, loadavg=load0, probtorch_code=code)
             return out
     tail = (proc.stderr or proc.stdout)[-3000:]
     return {"error": f"exit {proc.returncode}: {tail}", "loadavg": load0}
+
+
+def _probtorch_version() -> str | None:
+    """The git commit of the probtorch tree under test, '+dirty' if probtorch/ has edits."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "probtorch"],
+            cwd=ROOT, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+    except OSError:
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
 
 
 def jobs_for(models, libs, args) -> list[dict]:
@@ -698,6 +733,9 @@ def jobs_for(models, libs, args) -> list[dict]:
             variants = [None]
             if lib == "numpyro":
                 variants = list(args.numpyro_chain_methods)
+            if lib == "probtorch":
+                variants = ["vectorized" if e == "quick" else f"vectorized-{e}"
+                            for e in args.probtorch_executors]  # fmt: skip
             if lib == "pyro" and args.pyro == "auto" and model in PYRO_AUTO:
                 chains, warmup, samples = PYRO_AUTO[model]
             elif lib == "pyro" and args.pyro not in ("auto", "full"):
@@ -890,7 +928,8 @@ def write_results(results: dict, args) -> None:
     for key in sorted(runs, key=lambda k: (order.get(k.split("/")[0], 99), k)):
         r = runs[key]
         cfg, d, full = r["config"], r.get("derived") or {}, r.get("full", {})
-        lib = cfg["lib"] + ("" if cfg["lib"] == "probtorch" else f" ({cfg['variant']})")
+        plain = cfg["lib"] == "probtorch" and cfg["variant"] == "vectorized"
+        lib = cfg["lib"] + ("" if plain else f" ({cfg['variant']})")
         setting = f"{cfg['num_chains']} × ({cfg['num_warmup']}+{cfg['num_samples']})"
         load = (full.get("loadavg") or [float("nan")])[0]
         if not d:
@@ -968,6 +1007,10 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--numpyro-chain-methods", nargs="+", default=["vectorized", "sequential"],
         choices=["vectorized", "sequential"],
+    )  # fmt: skip
+    ap.add_argument(
+        "--probtorch-executors", nargs="+", default=["quick"], choices=["quick", "lean"],
+        help="NUTS(executor=...): 'quick' (torch.compile, the default) and/or 'lean'",
     )  # fmt: skip
     ap.add_argument(
         "--pyro", default="auto",
