@@ -203,14 +203,10 @@ def probtorch_model(model: str, data: dict):
             s5 = math.sqrt(5.0) * r
             k = (1.0 + s5 + (5.0 / 3.0) * r.pow(2)) * torch.exp(-s5)
             K = outputscale * k + noise * torch.eye(n)
-            # BoTorch writes MultivariateNormal(..., covariance_matrix=K). In probtorch a K that
-            # is not numerically positive definite at one proposal raises LinAlgError from
-            # the compiled kernel and ends the run (see bench/RESULTS.md), where NumPyro's
-            # Cholesky returns NaN (a divergence) and BoTorch registers Pyro exception
-            # handlers. Same semantics as NumPyro: a failed factorization gives NaN.
-            L, info = torch.linalg.cholesky_ex(K)
-            L = torch.where(info[..., None, None] == 0, L, torch.full_like(L, math.nan))
-            pt.sample("Y", dist.MultivariateNormal(mean.expand(n), scale_tril=L), obs=y)
+            # As BoTorch writes it. A K that is not numerically positive definite at a
+            # proposal gives NaN (a divergence), as in NumPyro: probtorch evaluates
+            # potentials under probtorch.inference.safe_linalg.nan_on_failure.
+            pt.sample("Y", dist.MultivariateNormal(mean.expand(n), covariance_matrix=K), obs=y)
 
         return saas_gp, (t["X"], t["y"])
     if model in ("gauss100_diag", "gauss100_dense"):

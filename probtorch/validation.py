@@ -70,8 +70,15 @@ def _unwrapped(fn):
     return chain
 
 
+class InvalidParameterError(ValueError):
+    """A distribution parameter violates its constraint (the message names site and parameter).
+
+    Inference treats it at random initial points as a rejected point and tries another one.
+    """
+
+
 def check_parameters(name: str, fn) -> None:
-    """Raise ValueError naming the site, the parameter and the constraint it violates."""
+    """Raise InvalidParameterError naming the site, the parameter and the violated constraint."""
     for d in _unwrapped(fn):
         try:
             arg_constraints = d.arg_constraints
@@ -87,7 +94,7 @@ def check_parameters(name: str, fn) -> None:
                 continue
             valid = constraint.check(value)
             if not bool(torch.all(valid)):
-                raise ValueError(
+                raise InvalidParameterError(
                     f"sample site {name!r}: parameter {param!r} of {type(d).__name__} must "
                     f"satisfy the constraint {constraint}, but got {_describe(value, valid)}"
                 )

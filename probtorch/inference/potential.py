@@ -22,9 +22,10 @@ import torch
 from ..distributions.constraint_registry import biject_to
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
-from ..validation import torch_validation
+from ..validation import InvalidParameterError, torch_validation
 from .compile import compile_enabled, compile_fn
 from .init_strategies import init_to_uniform
+from .safe_linalg import nan_on_failure
 
 __all__ = ["LatentSite", "Potential", "initialize_model", "InitializationError"]
 
@@ -137,7 +138,7 @@ def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
     if substitute_fn is not None:
         fn = substitute(fn, substitute_fn=substitute_fn)
     tracer = trace(fn)
-    with torch_validation(False):
+    with torch_validation(False), nan_on_failure():
         try:
             tracer(*args, **kwargs)
         except Exception as error:
@@ -146,6 +147,31 @@ def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
                 error.add_note(f"(raised while running the model, after site {last!r})")
             raise
     return tracer.trace
+
+
+def _seeds(rng_seed: int, count: int) -> list[int]:
+    """``rng_seed`` followed by ``count - 1`` seeds derived from it."""
+    generator = torch.Generator().manual_seed(rng_seed)
+    return [rng_seed] + torch.randint(0, 2**62, (count - 1,), generator=generator).tolist()
+
+
+def _run_traced_retrying(model, args, kwargs, seeds, substitute_fn) -> Trace:
+    """:func:`_run_traced` at random initial points until no parameter is invalid.
+
+    A random point can put a latent-dependent parameter outside its constraint (a
+    correlation beyond 1 makes a covariance indefinite); such a point is rejected, as Stan
+    rejects an initial point, and the next seed is tried. If every point fails, the first
+    error is raised (for data errors it is the same at every point).
+    """
+    first_error = None
+    for rng_seed in seeds:
+        try:
+            return _run_traced(model, args, kwargs, rng_seed, substitute_fn=substitute_fn)
+        except InvalidParameterError as error:
+            first_error = first_error or error
+    if hasattr(first_error, "add_note"):
+        first_error.add_note(f"(at each of the {len(seeds)} random initial points tried)")
+    raise first_error
 
 
 class Potential:
@@ -188,8 +214,8 @@ class Potential:
         self.compiled = compile_enabled(compile)
         # Latent values come from init_to_uniform, which (unlike a prior draw) also works for
         # improper priors such as ImproperUniform.
-        self.prototype_trace = _run_traced(
-            model, self.model_args, self.model_kwargs, rng_seed, substitute_fn=init_to_uniform
+        self.prototype_trace = _run_traced_retrying(
+            model, self.model_args, self.model_kwargs, _seeds(rng_seed, 100), init_to_uniform
         )
         self.sites = self._latent_sites(self.prototype_trace)
         self.site_names = [s.name for s in self.sites]
@@ -266,14 +292,14 @@ class Potential:
     def _single_potential(self, z: torch.Tensor) -> torch.Tensor:
         unconstrain = _Unconstrain(self.unpack(z), self._sites_by_name)
         log_joint = _LogJoint()
-        with log_joint, unconstrain:
+        with nan_on_failure(), log_joint, unconstrain:
             self.model(*self.model_args, **self.model_kwargs)
         total = log_joint.total + unconstrain.log_det
         return -total
 
     def _single_constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         record = _Record()
-        with record, _Unconstrain(self.unpack(z), self._sites_by_name):
+        with nan_on_failure(), record, _Unconstrain(self.unpack(z), self._sites_by_name):
             self.model(*self.model_args, **self.model_kwargs)
         return record.values
 
@@ -321,23 +347,30 @@ class Potential:
         collect = _Collect()
 
         def run(z_chain):
-            with collect, _Unconstrain(self.unpack(z_chain), self._sites_by_name):
+            unconstrain = _Unconstrain(self.unpack(z_chain), self._sites_by_name)
+            with nan_on_failure(), collect, unconstrain:
                 self.model(*self.model_args, **self.model_kwargs)
             return z_chain.sum()
 
         try:
             torch.func.vmap(run)(z.detach())
-        except RuntimeError:
+        except RuntimeError as vmapped_error:
             where = (
                 f"after site {collect.sites[-1].name!r}"
                 if collect.sites
                 else "before its first site"
             )
+            text = str(vmapped_error)
+            advice = ""
+            if "vmap" in text and ("item()" in text or "data-dependent" in text):
+                advice = (
+                    " Potentials are vectorized over chains, so a model must not read latent "
+                    "values in Python (.item(), int(x), `if x > 0:`); use torch operations "
+                    "such as torch.where."
+                )
             raise ValueError(
                 f"the model failed {where} when evaluated for all chains at once "
-                f"({type(error).__name__}: {str(error).splitlines()[0]}). Potentials are "
-                f"vectorized over chains, so a model must not read latent values in Python "
-                f"(.item(), int(x), `if x > 0:`); use torch operations such as torch.where."
+                f"({type(vmapped_error).__name__}: {text.splitlines()[0]}).{advice}"
             ) from error
 
     def constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -354,7 +387,7 @@ class Potential:
         """
 
         def single(latent):
-            with torch_validation(False):
+            with torch_validation(False), nan_on_failure():
                 tr = trace(substitute(self.model, data=latent)).get_trace(
                     *self.model_args, **self.model_kwargs
                 )
@@ -380,7 +413,7 @@ class Potential:
         unconstrain = _Unconstrain(self.unpack(z), self._sites_by_name)
         collect = _Collect()
         with torch_validation(False):
-            with collect, unconstrain:
+            with nan_on_failure(), collect, unconstrain:
                 self.model(*self.model_args, **self.model_kwargs)
             log_probs = {site.name: site_log_prob(site) for site in collect.sites}
             bad = [name for name, lp in log_probs.items() if not bool(torch.isfinite(lp).all())]
@@ -440,13 +473,21 @@ def initialize_model(
     for chain in range(num_chains):
         z = None
         for attempt in range(max_tries):
-            tr = _run_traced(
-                model,
-                potential.model_args,
-                potential.model_kwargs,
-                seeds[chain][attempt],
-                substitute_fn=init_strategy,
-            )
+            try:
+                tr = _run_traced(
+                    model,
+                    potential.model_args,
+                    potential.model_kwargs,
+                    seeds[chain][attempt],
+                    substitute_fn=init_strategy,
+                )
+            except InvalidParameterError as error:
+                if attempt == max_tries - 1:
+                    raise InitializationError(
+                        f"no valid initial parameters after {max_tries} tries (chain {chain}): "
+                        f"{error}"
+                    ) from error
+                continue
             z = _pack_trace(potential, tr)
             with torch_validation(False):
                 grad, value = torch.func.grad_and_value(potential._single_potential)(z)
