@@ -2,7 +2,12 @@
 
 Every family of ``torch.distributions`` and ``pyro.distributions`` under Pyro's names and
 signatures (with ``.to_event``, ``.mask``, ``.expand``, ``.expand_by``), plus constraints,
-transforms and ``biject_to``.
+transforms and ``biject_to``. Added here, for what neither torch nor Pyro has:
+``TruncatedDistribution``/``TruncatedNormal``, the censoring wrappers (``Censored``,
+``LeftCensoredDistribution``, ``RightCensoredDistribution``,
+``IntervalCensoredDistribution``), ``ZeroSumNormal`` (with its constraint ``zero_sum`` and
+``ZeroSumTransform``) and the hurdle count models (``HurdleDistribution``,
+``HurdlePoisson``, ``HurdleNegativeBinomial``).
 
 Example::
 
@@ -17,6 +22,35 @@ from pyro.distributions import *  # noqa: F403
 from pyro.distributions import constraints, transforms  # noqa: F401
 from torch.distributions import transform_to  # noqa: F401
 
+from .censored import (  # noqa: F401
+    Censored,
+    IntervalCensoredDistribution,
+    LeftCensoredDistribution,
+    RightCensoredDistribution,
+)
 from .constraint_registry import biject_to  # noqa: F401
+from .hurdle import HurdleDistribution, HurdleNegativeBinomial, HurdlePoisson  # noqa: F401
+from .truncated import TruncatedDistribution, TruncatedNormal  # noqa: F401
+from .zero_sum import ZeroSumConstraint, ZeroSumNormal, ZeroSumTransform, zero_sum  # noqa: F401
 
-__all__ = list(_pyro_dist.__all__) + ["constraints", "transforms", "biject_to", "transform_to"]
+_PROBTORCH_FAMILIES = [
+    "TruncatedDistribution",
+    "TruncatedNormal",
+    "Censored",
+    "LeftCensoredDistribution",
+    "RightCensoredDistribution",
+    "IntervalCensoredDistribution",
+    "ZeroSumNormal",
+    "ZeroSumConstraint",
+    "ZeroSumTransform",
+    "zero_sum",
+    "HurdleDistribution",
+    "HurdlePoisson",
+    "HurdleNegativeBinomial",
+]
+
+__all__ = (
+    list(_pyro_dist.__all__)
+    + ["constraints", "transforms", "biject_to", "transform_to"]
+    + _PROBTORCH_FAMILIES
+)

@@ -16,6 +16,8 @@ from torch.distributions import constraints
 from torch.distributions.constraint_registry import ConstraintRegistry
 from torch.distributions.transforms import CorrCholeskyTransform
 
+from .zero_sum import ZeroSumConstraint, ZeroSumTransform
+
 __all__ = ["biject_to", "CompilableCorrCholeskyTransform"]
 
 
@@ -44,3 +46,4 @@ class _FallbackRegistry(ConstraintRegistry):
 
 biject_to = _FallbackRegistry()
 biject_to.register(constraints.corr_cholesky)(lambda constraint: CompilableCorrCholeskyTransform())
+biject_to.register(ZeroSumConstraint)(lambda constraint: ZeroSumTransform(constraint.event_dim))

@@ -1,0 +1,214 @@
+"""Hurdle count models: a gate for zero, a zero-truncated count family for the rest.
+
+``P(0) = gate`` and ``P(k) = (1 - gate) p(k) / (1 - p(0))`` for ``k > 0``, with ``p`` the
+base pmf. Unlike a zero-inflated model (Pyro's ``ZeroInflatedPoisson``, re-exported here),
+every zero comes from the gate.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pyro.distributions import NegativeBinomial, Poisson
+from pyro.distributions.torch_distribution import TorchDistribution
+from torch.distributions import constraints
+
+from ._tails import dtype_device, log1mexp
+
+__all__ = ["HurdleDistribution", "HurdlePoisson", "HurdleNegativeBinomial"]
+
+_MAX_REJECTION_ROUNDS = 10_000
+
+
+def _zero_truncated_poisson(rate: torch.Tensor) -> torch.Tensor:
+    """One draw of ``Poisson(rate)`` given ``> 0``, without rejection.
+
+    In a Poisson process of intensity ``rate`` on ``[0, 1]`` with at least one event, the
+    first event time ``t`` is an ``Exponential(rate)`` truncated to ``[0, 1]`` (sampled by
+    its inverse cdf), and the events after it are ``Poisson(rate (1 - t))``.
+    """
+    u = torch.rand_like(rate)
+    t = -torch.log1p(u * torch.expm1(-rate)) / rate
+    return 1.0 + torch.poisson((rate * (1.0 - t)).clamp(min=0.0))
+
+
+class HurdleDistribution(TorchDistribution):
+    """A univariate count distribution with its zeros replaced by a gate.
+
+    Args:
+        base: a count distribution (``Poisson``, ``NegativeBinomial``, ``Binomial``,
+            ``Geometric``...) whose ``log_prob(0) < 0``.
+        gate: probability of a zero (``P(0) = gate``).
+        gate_logits: the same as logits (give exactly one of the two).
+
+    Sampling draws the base conditioned on ``> 0`` by rejection (redrawing only the
+    zeros, expected ``1 / (1 - p(0))`` rounds); :class:`HurdlePoisson` samples exactly
+    without rejection. Mean and variance follow from the base's.
+
+    Example::
+
+        >>> import probtorch.distributions as dist
+        >>> d = HurdleDistribution(dist.Geometric(probs=0.5), gate=0.3)
+        >>> d.log_prob(torch.tensor([0.0, 1.0])).exp()  # 0.3, then 0.7 * 0.25 / 0.5
+        tensor([0.3000, 0.3500])
+    """
+
+    _param_constraints: dict = {}  # constraints of base parameters a subclass exposes
+
+    def __init__(self, base, gate=None, *, gate_logits=None, validate_args=None):
+        if (gate is None) == (gate_logits is None):
+            raise ValueError(f"{type(self).__name__}: give exactly one of gate and gate_logits")
+        if base.event_shape != () or not base.support.is_discrete:
+            raise ValueError(
+                f"{type(self).__name__} needs a univariate count distribution, got "
+                f"{type(base).__name__}"
+            )
+        name = "gate" if gate is not None else "gate_logits"
+        param = torch.as_tensor(gate if gate is not None else gate_logits)
+        if not param.is_floating_point():
+            param = param.to(dtype_device(base)[0])
+        batch_shape = torch.broadcast_shapes(base.batch_shape, param.shape)
+        self.base_dist = base.expand(batch_shape)
+        setattr(self, name, param.expand(batch_shape))
+        super().__init__(batch_shape, validate_args=validate_args)
+
+    @property
+    def arg_constraints(self):  # the base's exposed parameters and the gate that was given
+        if "gate" in self.__dict__:
+            return {**self._param_constraints, "gate": constraints.unit_interval}
+        return {**self._param_constraints, "gate_logits": constraints.real}
+
+    @constraints.dependent_property(is_discrete=True, event_dim=0)
+    def support(self):
+        return self.base_dist.support
+
+    def _log_gates(self):
+        """``(log gate, log(1 - gate))``."""
+        if "gate" in self.__dict__:
+            return torch.log(self.gate), torch.log1p(-self.gate)
+        return -F.softplus(-self.gate_logits), -F.softplus(self.gate_logits)
+
+    @property
+    def probs_zero(self) -> torch.Tensor:
+        """``P(0)``, the gate."""
+        if "gate" in self.__dict__:
+            return self.gate
+        return torch.sigmoid(self.gate_logits)
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        log_gate, log_open = self._log_gates()
+        base_log_p0 = self.base_dist.log_prob(torch.zeros_like(value))
+        positive = log_open + self.base_dist.log_prob(value) - log1mexp(base_log_p0)
+        return torch.where(value == 0, log_gate.expand_as(positive), positive)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.base_dist = self.base_dist.expand(batch_shape)
+        for name in ("gate", "gate_logits"):
+            if name in self.__dict__:
+                setattr(new, name, self.__dict__[name].expand(batch_shape))
+        TorchDistribution.__init__(new, batch_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    def _sample_positive(self, shape):
+        base = self.base_dist.expand(shape)
+        x = base.sample()
+        for _ in range(_MAX_REJECTION_ROUNDS):
+            zero = x == 0
+            if not bool(zero.any()):
+                return x
+            x = torch.where(zero, base.sample(), x)
+        raise RuntimeError(
+            f"{type(self).__name__}: rejection sampling of the zero-truncated "
+            f"{type(self.base_dist).__name__} did not finish in {_MAX_REJECTION_ROUNDS} rounds "
+            f"(P(0) of the base is too close to 1)"
+        )
+
+    def sample(self, sample_shape=()):
+        shape = self._extended_shape(sample_shape)
+        with torch.no_grad():
+            positive = self._sample_positive(shape)
+            zero = torch.rand(shape, dtype=positive.dtype) < self.probs_zero.expand(shape)
+            return torch.where(zero, torch.zeros_like(positive), positive)
+
+    def _positive_moments(self):
+        """``(E[K], E[K^2])`` of the zero-truncated base."""
+        base = self.base_dist
+        p0 = torch.exp(base.log_prob(torch.zeros(self.batch_shape, dtype=base.mean.dtype)))
+        m1 = base.mean / (1.0 - p0)
+        m2 = (base.variance + base.mean**2) / (1.0 - p0)
+        return m1, m2
+
+    @property
+    def mean(self):
+        m1, _ = self._positive_moments()
+        return (1.0 - self.probs_zero) * m1
+
+    @property
+    def variance(self):
+        _, m2 = self._positive_moments()
+        return (1.0 - self.probs_zero) * m2 - self.mean**2
+
+
+class HurdlePoisson(HurdleDistribution):
+    """Hurdle Poisson: ``P(0) = gate``, positive counts from a zero-truncated ``Poisson(rate)``.
+
+    Sampling is exact and rejection-free (a Poisson process given at least one event).
+
+    Example::
+
+        >>> d = HurdlePoisson(torch.tensor(2.0), gate=torch.tensor(0.4))
+        >>> round(float(d.mean), 4)  # 0.6 * 2 / (1 - exp(-2))
+        1.3878
+    """
+
+    def __init__(self, rate, gate=None, *, gate_logits=None, validate_args=None):
+        base = Poisson(rate, validate_args=validate_args)
+        super().__init__(base, gate, gate_logits=gate_logits, validate_args=validate_args)
+
+    _param_constraints = {"rate": constraints.positive}
+
+    @property
+    def rate(self):
+        return self.base_dist.rate
+
+    def _sample_positive(self, shape):
+        return _zero_truncated_poisson(self.rate.expand(shape))
+
+
+class HurdleNegativeBinomial(HurdleDistribution):
+    """Hurdle negative binomial: ``P(0) = gate``, positive counts from a zero-truncated
+    ``NegativeBinomial(total_count, probs | logits)`` (torch's parametrization).
+
+    Example::
+
+        >>> d = HurdleNegativeBinomial(3.0, probs=0.4, gate=0.2)
+        >>> round(float(d.log_prob(torch.tensor(0.0)).exp()), 4)
+        0.2
+    """
+
+    def __init__(
+        self,
+        total_count,
+        probs=None,
+        logits=None,
+        gate=None,
+        *,
+        gate_logits=None,
+        validate_args=None,
+    ):
+        base = NegativeBinomial(
+            total_count, probs=probs, logits=logits, validate_args=validate_args
+        )
+        super().__init__(base, gate, gate_logits=gate_logits, validate_args=validate_args)
+
+    _param_constraints = {"total_count": constraints.greater_than_eq(0)}
+
+    @property
+    def total_count(self):
+        return self.base_dist.total_count

@@ -1,0 +1,583 @@
+"""The families probtorch adds (truncated, censored, zero-sum normal, hurdle) against exact
+references: scipy densities, closed-form moments, Monte Carlo z-tests (|z| < 4) with fixed
+seeds, compiled-vs-eager equality without graph breaks, and the Pyro mixin methods."""
+
+import math
+import pickle
+import warnings
+
+import arviz as az
+import numpy as np
+import pytest
+import torch
+from scipy import integrate, linalg, special, stats
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.distributions import _tails
+from probtorch.inference.compile import compile_fn, count_compiles
+
+Z_MAX = 4.0
+
+
+@pytest.fixture
+def float64():
+    torch.set_default_dtype(torch.float64)
+
+
+def _z_mean(samples, exact_mean, exact_var):
+    n = samples.shape[0]
+    return (samples.mean(0) - exact_mean) / math.sqrt(exact_var / n)
+
+
+def _z_var(samples, exact_var, exact_m4):
+    """z statistic of the sample variance, from the exact fourth central moment."""
+    n = samples.shape[0]
+    se = math.sqrt((exact_m4 - exact_var**2) / n)
+    return (samples.var(0) - exact_var) / se
+
+
+# -- truncation -------------------------------------------------------------------------
+
+TRUNCNORM_CASES = [
+    (0.0, 1.0, 8.0, 10.0),  # both bounds far in the upper tail
+    (0.0, 1.0, -10.0, -8.0),  # lower tail
+    (0.5, 2.0, None, 0.5),  # one-sided
+    (0.5, 2.0, 1.0, None),
+    (0.0, 1.0, 30.0, None),  # 30 sigma: 1 - F(30) is 5e-198
+    (-1.0, 0.5, -2.0, 0.0),
+]
+
+
+def _scipy_truncnorm(loc, scale, low, high):
+    a = -np.inf if low is None else (low - loc) / scale
+    b = np.inf if high is None else (high - loc) / scale
+    return stats.truncnorm(a, b, loc=loc, scale=scale)
+
+
+@pytest.mark.parametrize("loc,scale,low,high", TRUNCNORM_CASES)
+def test_truncated_normal_matches_scipy(loc, scale, low, high, float64):
+    ref = _scipy_truncnorm(loc, scale, low, high)
+    d = dist.TruncatedNormal(loc, scale, low, high)
+    x = ref.ppf(np.linspace(0.001, 0.999, 9))
+    log_p = d.log_prob(torch.tensor(x)).numpy()
+    assert np.all(np.isfinite(log_p))
+    np.testing.assert_allclose(log_p, ref.logpdf(x), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(d.cdf(torch.tensor(x)).numpy(), ref.cdf(x), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(float(d.mean), ref.mean(), rtol=1e-8)
+    np.testing.assert_allclose(float(d.variance), ref.var(), rtol=1e-6)
+
+    torch.manual_seed(0)
+    s = d.sample((20000,))
+    assert s.shape == (20000,)
+    if low is not None:
+        assert bool((s >= low).all())
+    if high is not None:
+        assert bool((s <= high).all())
+    assert abs(float(_z_mean(s, ref.mean(), ref.var()))) < Z_MAX
+    m4 = ref.expect(lambda t: (t - ref.mean()) ** 4)
+    assert abs(float(_z_var(s, ref.var(), m4))) < Z_MAX
+
+
+def test_truncated_normal_far_tail_float32():
+    d = dist.TruncatedNormal(0.0, 1.0, 8.0, 10.0)
+    x = torch.tensor([8.0, 8.5, 9.9])
+    ref = stats.truncnorm(8, 10).logpdf(x.double().numpy())
+    np.testing.assert_allclose(d.log_prob(x).numpy(), ref, rtol=1e-5)
+    s = d.sample((5000,))
+    assert bool(((s >= 8) & (s <= 10)).all()) and s.dtype == torch.float32
+
+
+# (base, scipy frozen reference, low, high): scipy's truncated density computed by hand
+GENERIC_CASES = [
+    ("exponential", lambda: dist.Exponential(2.0), stats.expon(scale=0.5), 0.5, 3.0),
+    ("exponential-tail", lambda: dist.Exponential(1.0), stats.expon(), 40.0, 45.0),
+    ("gamma", lambda: dist.Gamma(2.0, 1.5), stats.gamma(2.0, scale=1 / 1.5), 1.0, 4.0),
+    ("laplace-upper", lambda: dist.Laplace(1.0, 0.5), stats.laplace(1.0, 0.5), 6.0, 9.0),
+    ("cauchy-lower", lambda: dist.Cauchy(0.0, 1.0), stats.cauchy(), -300.0, -20.0),
+    ("lognormal", lambda: dist.LogNormal(0.0, 0.5), stats.lognorm(0.5), 3.0, None),
+    ("logistic", lambda: dist.Logistic(0.0, 1.0), stats.logistic(), None, -25.0),
+    ("gumbel", lambda: dist.Gumbel(1.0, 2.0), stats.gumbel_r(1.0, 2.0), -1.0, 4.0),
+    ("weibull", lambda: dist.Weibull(2.0, 1.5), stats.weibull_min(1.5, scale=2.0), 1.0, 8.0),
+    ("uniform-fallback", lambda: dist.Uniform(0.0, 4.0), stats.uniform(0, 4), 1.0, 3.0),
+]
+
+
+def _ref_log_mass(ref, low, high):
+    a = -np.inf if low is None else low
+    b = np.inf if high is None else high
+    if a > ref.median():
+        lsa, lsb = ref.logsf(a), ref.logsf(b)
+        return lsa + np.log1p(-np.exp(lsb - lsa))
+    lca, lcb = ref.logcdf(a), ref.logcdf(b)
+    return lcb + np.log1p(-np.exp(lca - lcb))
+
+
+@pytest.mark.parametrize("name,make,ref,low,high", GENERIC_CASES, ids=[c[0] for c in GENERIC_CASES])
+def test_truncated_families_match_scipy(name, make, ref, low, high, float64):
+    d = dist.TruncatedDistribution(make(), low, high)
+    log_z = _ref_log_mass(ref, low, high)
+    lo = min(ref.ppf(1e-9), high - 5.0) if low is None else low
+    hi = max(ref.isf(1e-9), low + 5.0) if high is None else high
+    if name == "exponential-tail":
+        x = np.linspace(lo, hi, 7)
+    else:
+        x = np.linspace(lo, hi, 7)[1:-1]
+    log_p = d.log_prob(torch.tensor(x)).numpy()
+    np.testing.assert_allclose(log_p, ref.logpdf(x) - log_z, rtol=1e-6, atol=1e-9)
+    if not d.has_rsample:  # Gamma: torch has no inverse incomplete gamma
+        assert name == "gamma"
+        with pytest.raises(NotImplementedError, match="icdf"):
+            d.rsample()
+        return
+    torch.manual_seed(1)
+    s = d.sample((20000,))
+    if low is not None:
+        assert bool((s >= low).all())
+    if high is not None:
+        assert bool((s <= high).all())
+    a = -np.inf if low is None else low
+    b = np.inf if high is None else high
+
+    def moment(k, center=0.0):
+        f = lambda t: (t - center) ** k * np.exp(ref.logpdf(t) - log_z)  # noqa: E731
+        return integrate.quad(f, a, b, limit=200)[0]
+
+    mean = moment(1)
+    var = moment(2, mean)
+    assert abs(float(_z_mean(s, mean, var))) < Z_MAX, name
+
+
+@pytest.mark.parametrize("loc0,low0,high0", [(0.3, -0.5, 1.5), (0.0, 8.0, 10.0)])
+def test_truncated_normal_reparameterized_gradients(loc0, low0, high0, float64):
+    """The pathwise gradient of E[x] w.r.t. loc and both bounds vs finite differences of
+    the exact mean; per-draw gradients give the Monte Carlo standard error."""
+    n = 20000
+    loc = torch.full((n,), loc0, requires_grad=True)
+    low = torch.full((n,), low0, requires_grad=True)
+    high = torch.full((n,), high0, requires_grad=True)
+    torch.manual_seed(2)
+    x = dist.TruncatedNormal(loc, 1.0, low, high).rsample()
+    grads = torch.autograd.grad(x.sum(), [loc, low, high])
+
+    def exact_mean(lc, lo, hi):
+        return _scipy_truncnorm(lc, 1.0, lo, hi).mean()
+
+    h = 1e-5
+    fd = [
+        (exact_mean(loc0 + h, low0, high0) - exact_mean(loc0 - h, low0, high0)) / (2 * h),
+        (exact_mean(loc0, low0 + h, high0) - exact_mean(loc0, low0 - h, high0)) / (2 * h),
+        (exact_mean(loc0, low0, high0 + h) - exact_mean(loc0, low0, high0 - h)) / (2 * h),
+    ]
+    for g, ref in zip(grads, fd, strict=True):
+        z = (g.mean() - ref) / (g.std() / math.sqrt(n))
+        assert abs(float(z)) < Z_MAX, (float(g.mean()), ref)
+
+
+def test_truncated_batch_shapes_and_support():
+    d = dist.TruncatedNormal(torch.zeros(3, 1), 1.0, low=torch.tensor([-1.0, 0.0]), high=2.0)
+    assert d.batch_shape == (3, 2) and d.event_shape == ()
+    assert d.sample((4,)).shape == (4, 3, 2)
+    assert isinstance(d.support, type(dist.constraints.interval(0.0, 1.0)))
+    one_sided = dist.TruncatedDistribution(dist.Normal(0.0, 1.0), high=1.0)
+    assert one_sided.support.upper_bound == 1.0
+    transform = dist.biject_to(one_sided.support)
+    assert float(transform(torch.tensor(50.0))) < 1.0
+    out = dist.TruncatedNormal(0.0, 1.0, 0.0, 1.0, validate_args=False)
+    assert out.log_prob(torch.tensor(2.0)) == -math.inf
+
+
+# -- censoring --------------------------------------------------------------------------
+
+
+CENSOR_BASES = [
+    ("normal", lambda: dist.Normal(1.0, 2.0), stats.norm(1.0, 2.0), [-80.0, -3.0, 1.0, 4.0, 90.0]),
+    ("exponential", lambda: dist.Exponential(0.5), stats.expon(scale=2.0), [0.1, 2.0, 500.0]),
+    ("gamma", lambda: dist.Gamma(3.0, 2.0), stats.gamma(3.0, scale=0.5), [0.01, 1.5, 30.0]),
+    ("laplace", lambda: dist.Laplace(0.0, 1.0), stats.laplace(), [-600.0, -1.0, 2.0, 600.0]),
+    ("lognormal", lambda: dist.LogNormal(0.0, 1.0), stats.lognorm(1.0), [1e-20, 0.5, 3.0, 1e20]),
+]
+
+
+@pytest.mark.parametrize("name,make,ref,xs", CENSOR_BASES, ids=[c[0] for c in CENSOR_BASES])
+def test_left_right_censored_match_scipy(name, make, ref, xs, float64):
+    x = torch.tensor(xs)
+    flags = torch.tensor([i % 2 == 0 for i in range(len(xs))])
+    left = dist.LeftCensoredDistribution(make(), flags)
+    right = dist.RightCensoredDistribution(make(), flags)
+    xn, fn = np.array(xs), flags.numpy()
+    exact = ref.logpdf(xn)
+    np.testing.assert_allclose(
+        left.log_prob(x).numpy(), np.where(fn, ref.logcdf(xn), exact), rtol=1e-6, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        right.log_prob(x).numpy(), np.where(fn, ref.logsf(xn), exact), rtol=1e-6, atol=1e-12
+    )
+    all_censored = dist.RightCensoredDistribution(make(), True).log_prob(x)
+    assert bool(torch.isfinite(all_censored).all())
+
+
+def test_interval_censored_cases(float64):
+    ref = stats.norm(0.5, 1.5)
+    d = dist.IntervalCensoredDistribution(
+        dist.Normal(0.5, 1.5),
+        left_censored=torch.tensor([False, True, False, True, False, False]),
+        right_censored=torch.tensor([False, False, True, True, False, False]),
+    )
+    value = torch.tensor(
+        [[-1.0, 2.0], [-math.inf, 1.0], [3.0, math.inf], [-1.0, 2.0], [0.7, 0.7], [20.0, 21.0]]
+    )
+    expected = [
+        np.log(ref.cdf(2.0) - ref.cdf(-1.0)),
+        ref.logcdf(1.0),
+        ref.logsf(3.0),
+        np.log(ref.cdf(-1.0) + ref.sf(2.0)),
+        ref.logpdf(0.7),
+        ref.logsf(20.0) + np.log1p(-np.exp(ref.logsf(21.0) - ref.logsf(20.0))),
+    ]
+    np.testing.assert_allclose(d.log_prob(value).numpy(), expected, rtol=1e-6)
+    assert d.event_shape == (2,) and d.sample((3,)).shape == (3, 6, 2)
+
+
+def test_censored_clipping(float64):
+    ref = stats.norm(0.0, 1.0)
+    d = dist.Censored(dist.Normal(0.0, 1.0), low=-0.5, high=1.0)
+    x = torch.tensor([-0.5, 0.2, 1.0])
+    expected = [ref.logcdf(-0.5), ref.logpdf(0.2), ref.logsf(1.0)]
+    np.testing.assert_allclose(d.log_prob(x).numpy(), expected, rtol=1e-10)
+    with pytest.raises(ValueError, match="support"):
+        d.log_prob(torch.tensor(7.0))
+    unchecked = dist.Censored(dist.Normal(0.0, 1.0), low=-0.5, high=1.0, validate_args=False)
+    outside = unchecked.log_prob(torch.tensor([-3.0, 7.0])).numpy()
+    np.testing.assert_allclose(outside, [ref.logcdf(-0.5), ref.logsf(1.0)], rtol=1e-10)
+    torch.manual_seed(3)
+    s = d.sample((20000,))
+    assert bool(((s >= -0.5) & (s <= 1.0)).all())
+    for frac, p in [((s == -0.5).double(), ref.cdf(-0.5)), ((s == 1.0).double(), ref.sf(1.0))]:
+        assert abs(float(_z_mean(frac, p, p * (1 - p)))) < Z_MAX
+    assert dist.Censored(dist.Normal(0.0, 1.0), high=0.0).support.check(torch.tensor(0.0))
+
+
+# -- zero-sum normal --------------------------------------------------------------------
+
+
+def _helmert_basis(shape):
+    """Orthonormal basis (rows) of the zero-sum subspace of tensors of ``shape``."""
+    basis = np.ones((1, 1))
+    for n in shape:
+        basis = np.kron(basis, linalg.helmert(n))  # (n - 1, n), orthonormal rows
+    return basis
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 4)])
+def test_zero_sum_normal_log_prob_is_subspace_gaussian(shape, float64):
+    scale = torch.tensor([0.7, 2.0])
+    d = dist.ZeroSumNormal(scale, shape)
+    assert d.batch_shape == (2,) and d.event_shape == shape
+    torch.manual_seed(4)
+    x = d.sample((3,))
+    basis = _helmert_basis(shape)
+    coords = x.reshape(3, 2, -1).numpy() @ basis.T  # coordinates in the subspace
+    dof = basis.shape[0]
+    for j, s in enumerate(scale.tolist()):
+        ref = stats.multivariate_normal(np.zeros(dof), s**2 * np.eye(dof)).logpdf(coords[:, j])
+        np.testing.assert_allclose(d.log_prob(x)[:, j].numpy(), ref, rtol=1e-10)
+    # the coordinates are exact: x lies in the subspace
+    np.testing.assert_allclose(coords @ basis, x.reshape(3, 2, -1).numpy(), atol=1e-12)
+
+
+def test_zero_sum_normal_samples_and_covariance(float64):
+    n, s, draws = 4, 1.5, 40000
+    d = dist.ZeroSumNormal(s, (n,))
+    torch.manual_seed(5)
+    x = d.rsample((draws,))
+    assert float(x.sum(-1).abs().max()) < 1e-12
+    assert bool(d.support.check(x).all()) and not bool(d.support.check(x + 0.1).any())
+    cov = s**2 * (np.eye(n) - np.ones((n, n)) / n)
+    emp = np.cov(x.numpy().T)
+    se = np.sqrt((np.outer(np.diag(cov), np.diag(cov)) + cov**2) / draws)
+    assert np.all(np.abs(emp - cov) < Z_MAX * se)
+    np.testing.assert_allclose(d.variance.numpy(), np.diag(cov))
+
+
+def test_zero_sum_transform(float64):
+    for shape in [(5,), (3, 4)]:
+        c = dist.ZeroSumNormal(1.0, shape).support
+        t = dist.biject_to(c)
+        assert isinstance(t, dist.ZeroSumTransform)
+        assert dist.biject_to(c) == t
+        y_shape = t.inverse_shape(torch.Size((2,) + shape))
+        assert y_shape == (2,) + tuple(k - 1 for k in shape)
+        assert t.forward_shape(y_shape) == (2,) + shape
+        y = torch.randn(y_shape)
+        x = t(y)
+        assert bool(c.check(x).all())
+        torch.testing.assert_close(t.inv(x), y)
+        torch.testing.assert_close((x**2).sum(), (y**2).sum())  # an isometry
+        assert t.log_abs_det_jacobian(y, x).shape == (2,)
+    jac = torch.autograd.functional.jacobian(dist.ZeroSumTransform(1), torch.randn(4))
+    torch.testing.assert_close(jac.T @ jac, torch.eye(4))
+
+
+def _zero_sum_model():
+    pt.sample("x", dist.ZeroSumNormal(torch.tensor(1.0), (5,)))
+
+
+def _mixed_model(y, t, censored, counts):
+    effects = pt.sample("effects", dist.ZeroSumNormal(torch.tensor(1.0), (3,)))
+    mu = pt.sample("mu", dist.TruncatedNormal(0.0, 2.0, low=-1.0))
+    sigma = pt.sample("sigma", dist.TruncatedDistribution(dist.Exponential(1.0), 0.1, 5.0))
+    with pt.plate("data", 3):
+        pt.sample("y", dist.Censored(dist.Normal(mu + effects, sigma), high=2.0), obs=y)
+        survival = dist.RightCensoredDistribution(dist.Exponential(sigma), censored)
+        pt.sample("t", survival, obs=t)
+        pt.sample("n", dist.HurdlePoisson(mu.exp().expand(3), 0.3), obs=counts)
+
+
+def test_potential_compiles_without_breaks(float64):
+    """Latent zero-sum and truncated sites (through their bijections) and censored and
+    hurdle likelihoods: the compiled potential equals the eager one, with no graph break."""
+    from probtorch.inference.potential import initialize_model
+
+    data = (
+        torch.tensor([0.3, 2.0, -0.4]),
+        torch.tensor([1.0, 0.5, 2.0]),
+        torch.tensor([False, True, True]),
+        torch.tensor([0.0, 2.0, 1.0]),
+    )
+    eager, z0 = initialize_model(_mixed_model, data, {}, num_chains=2, compile=False)
+    compiled, _ = initialize_model(_mixed_model, data, {}, num_chains=2, compile=True)
+    assert z0.shape == (2, 4)  # 2 zero-sum coordinates, mu, sigma
+    with count_compiles() as stats_:
+        value, grad = compiled.value_and_grad(z0)
+    assert stats_.graph_breaks == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ref_value, ref_grad = eager.value_and_grad(z0)
+    # every op has a vmap batching rule (no per-chain loop): torch's log_ndtr has none
+    assert not [w for w in caught if "batching rule" in str(w.message)]
+    assert bool(torch.isfinite(ref_value).all() and torch.isfinite(ref_grad).all())
+    torch.testing.assert_close(value, ref_value)
+    torch.testing.assert_close(grad, ref_grad)
+    zs_only, z1 = initialize_model(_zero_sum_model, (), {}, num_chains=2, compile=False)
+    expected = 0.5 * (z1**2).sum(-1) + 2 * math.log(2 * math.pi)  # 4 dof, log |det J| = 0
+    torch.testing.assert_close(zs_only(z1), expected)
+
+
+def test_zero_sum_normal_nuts(float64):
+    from probtorch.inference import MCMC, NUTS
+
+    mcmc = MCMC(
+        NUTS(_zero_sum_model, compile=False),
+        num_warmup=200,
+        num_samples=300,
+        num_chains=1,
+        progress_bar=False,
+        seed=0,
+    )
+    mcmc.run()
+    x = mcmc.get_samples()["x"]
+    assert x.shape == (300, 5)
+    assert float(x.sum(-1).abs().max()) < 1e-10
+    for i in range(5):
+        sq = x[:, i].numpy() ** 2
+        mcse = sq.std() / math.sqrt(float(az.ess(sq[None, :])))
+        assert abs(sq.mean() - 0.8) < Z_MAX * mcse  # exact variance 1 - 1/5
+
+
+# -- hurdle -----------------------------------------------------------------------------
+
+
+def test_hurdle_poisson_pmf_and_moments(float64):
+    rate, gate = torch.tensor([0.3, 2.5]), torch.tensor([0.6, 0.1])
+    d = dist.HurdlePoisson(rate, gate=gate)
+    k = torch.arange(80.0).unsqueeze(-1)
+    pmf = d.log_prob(k).exp().numpy()
+    kn, r, g = k.numpy(), rate.numpy(), gate.numpy()
+    expected = np.where(kn == 0, g, (1 - g) * stats.poisson(r).pmf(kn) / stats.poisson(r).sf(0))
+    np.testing.assert_allclose(pmf, expected, rtol=1e-10, atol=1e-300)
+    np.testing.assert_allclose(pmf.sum(0), 1.0, rtol=1e-12)
+    mean = (kn * pmf).sum(0)
+    np.testing.assert_allclose(d.mean.numpy(), mean, rtol=1e-10)
+    np.testing.assert_allclose(d.variance.numpy(), ((kn - mean) ** 2 * pmf).sum(0), rtol=1e-10)
+    logits = dist.HurdlePoisson(rate, gate_logits=torch.logit(gate))
+    torch.testing.assert_close(logits.log_prob(k), d.log_prob(k))
+
+    torch.manual_seed(6)
+    s = d.sample((20000,))
+    assert s.shape == (20000, 2) and bool((s == s.round()).all() and (s >= 0).all())
+    zero = (s == 0).double()
+    for j in range(2):
+        assert abs(float(_z_mean(zero[:, j], g[j], g[j] * (1 - g[j])))) < Z_MAX
+        var = float(d.variance[j])
+        assert abs(float(_z_mean(s[:, j], float(d.mean[j]), var))) < Z_MAX
+
+
+def test_hurdle_negative_binomial_and_generic(float64):
+    d = dist.HurdleNegativeBinomial(2.5, probs=torch.tensor(0.7), gate=0.25)
+    k = torch.arange(200.0)
+    ref = stats.nbinom(2.5, 1 - 0.7)  # torch's probs is scipy's 1 - p
+    expected = np.where(k.numpy() == 0, 0.25, 0.75 * ref.pmf(k.numpy()) / ref.sf(0))
+    np.testing.assert_allclose(d.log_prob(k).exp().numpy(), expected, rtol=1e-9, atol=1e-300)
+    np.testing.assert_allclose(float(d.mean), (k.numpy() * expected).sum(), rtol=1e-9)
+    torch.manual_seed(7)
+    s = d.sample((20000,))
+    assert abs(float(_z_mean(s, float(d.mean), float(d.variance)))) < Z_MAX
+    assert abs(float(_z_mean((s == 0).double(), 0.25, 0.25 * 0.75))) < Z_MAX
+
+    geo = dist.HurdleDistribution(dist.Geometric(probs=torch.tensor(0.8)), gate=0.5)
+    s = geo.sample((20000,))  # rejection: P(0) of the base is 0.8
+    assert abs(float(_z_mean(s, float(geo.mean), float(geo.variance)))) < Z_MAX
+
+
+# -- validation, shapes, Pyro's methods, pickling ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make,param",
+    [
+        (lambda: dist.TruncatedNormal(0.0, -1.0, 0.0, 1.0, validate_args=True), "scale"),
+        (lambda: dist.TruncatedNormal(0.0, 1.0, 2.0, 1.0, validate_args=True), "low"),
+        (lambda: dist.ZeroSumNormal(torch.tensor(-1.0), (3,), validate_args=True), "scale"),
+        (lambda: dist.ZeroSumNormal(1.0, (1,)), "event_shape"),
+        (lambda: dist.HurdlePoisson(torch.tensor(-1.0), 0.5, validate_args=True), "rate"),
+        (lambda: dist.HurdlePoisson(torch.tensor(1.0), 1.5, validate_args=True), "gate"),
+        (
+            lambda: dist.LeftCensoredDistribution(dist.Normal(0.0, 1.0), 2, validate_args=True),
+            "censored",
+        ),
+        (lambda: dist.Censored(dist.Normal(0.0, 1.0), 1.0, 0.0, validate_args=True), "low"),
+    ],
+)
+def test_invalid_parameters_name_the_parameter(make, param):
+    with pytest.raises(ValueError, match=param):
+        make()
+
+
+def _examples():
+    return {
+        "truncated_normal": (dist.TruncatedNormal(torch.zeros(3), 1.0, -1.0, 2.0), torch.zeros(3)),
+        "truncated_exp": (
+            dist.TruncatedDistribution(dist.Exponential(torch.ones(3)), low=1.0),
+            torch.full((3,), 2.0),
+        ),
+        "left_censored": (
+            dist.LeftCensoredDistribution(dist.Normal(torch.zeros(3), 1.0), torch.tensor(True)),
+            torch.zeros(3),
+        ),
+        "interval_censored": (
+            dist.IntervalCensoredDistribution(dist.Normal(torch.zeros(3), 1.0)),
+            torch.tensor([[0.0, 1.0]] * 3),
+        ),
+        "censored": (dist.Censored(dist.Normal(torch.zeros(3), 1.0), low=0.0), torch.zeros(3)),
+        "zero_sum": (dist.ZeroSumNormal(torch.ones(3), (4,)), torch.zeros(3, 4)),
+        "hurdle": (dist.HurdlePoisson(torch.ones(3), 0.3), torch.ones(3)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_examples()))
+def test_pyro_methods_and_pickling(name):
+    d, value = _examples()[name]
+    assert d.batch_shape == (3,)
+    assert d.log_prob(value).shape == (3,)
+    assert d.sample((2,)).shape == (2, 3) + d.event_shape
+    e = d.expand((4, 3))
+    assert type(e) is type(d) and e.batch_shape == (4, 3)
+    assert e.log_prob(value).shape == (4, 3)
+    torch.testing.assert_close(e.log_prob(value)[1], d.log_prob(value))
+    assert d.expand_by((2,)).batch_shape == (2, 3)
+    ind = d.to_event(1)
+    assert ind.event_shape == (3,) + d.event_shape and ind.log_prob(value).shape == ()
+    masked = d.mask(torch.tensor([True, False, True]))
+    assert float(masked.log_prob(value)[1]) == 0.0
+    restored = pickle.loads(pickle.dumps(d))
+    torch.testing.assert_close(restored.log_prob(value), d.log_prob(value))
+    assert d.support.check(d.sample()).all()
+
+
+# -- compile ----------------------------------------------------------------------------
+
+
+def _log_probs(loc, scale, low, high, rate, gate, flags, x, counts, zs, interval):
+    """Every family's log_prob, constructed without validation (as in compiled models)."""
+    v = False
+    normal = dist.Normal(loc, scale, validate_args=v)
+    return (
+        dist.TruncatedNormal(loc, scale, low, high, validate_args=v).log_prob(x),
+        dist.TruncatedDistribution(dist.Exponential(rate), low=low, validate_args=v).log_prob(
+            x + 1.0
+        ),
+        dist.TruncatedDistribution(dist.Laplace(loc, scale), high=high, validate_args=v).log_prob(
+            x
+        ),
+        dist.LeftCensoredDistribution(normal, flags, validate_args=v).log_prob(x),
+        dist.RightCensoredDistribution(normal, flags, validate_args=v).log_prob(x),
+        dist.IntervalCensoredDistribution(normal, flags, ~flags, validate_args=v).log_prob(
+            interval
+        ),
+        dist.Censored(normal, low, high, validate_args=v).log_prob(x),
+        dist.ZeroSumNormal(scale, (4,), validate_args=v).log_prob(zs),
+        dist.HurdlePoisson(rate, gate, validate_args=v).log_prob(counts),
+        dist.HurdleNegativeBinomial(rate, logits=loc, gate_logits=gate, validate_args=v).log_prob(
+            counts
+        ),
+    )
+
+
+def test_log_prob_compiles_without_graph_breaks(float64):
+    g = torch.Generator().manual_seed(8)
+    args = (
+        torch.randn(3, generator=g),  # loc
+        torch.rand(3, generator=g) + 0.5,  # scale
+        torch.full((3,), -0.5),  # low
+        torch.full((3,), 1.5),  # high
+        torch.rand(3, generator=g) + 1.0,  # rate
+        torch.rand(3, generator=g) * 0.5,  # gate
+        torch.tensor([True, False, True]),
+        torch.tensor([-0.2, 0.4, 1.0]),  # x
+        torch.tensor([0.0, 1.0, 4.0]),  # counts
+        dist.ZeroSumNormal(torch.ones(3), (4,)).sample(),
+        torch.tensor([[-1.0, 1.0], [0.0, 0.0], [2.0, 3.0]]),
+    )
+    compiled = compile_fn(_log_probs)
+    with count_compiles() as stats_:
+        out = compiled(*args)
+    assert stats_.graph_breaks == 0 and stats_.graphs == 1
+    for got, ref in zip(out, _log_probs(*args), strict=True):
+        assert bool(torch.isfinite(ref).all())
+        torch.testing.assert_close(got, ref)
+
+
+def _rsamples(loc, scale, low, high, rate):
+    v = False
+    return (
+        dist.TruncatedNormal(loc, scale, low, high, validate_args=v).rsample((5,)),
+        dist.TruncatedDistribution(dist.Exponential(rate), low=low, validate_args=v).rsample(),
+        dist.ZeroSumNormal(scale, (4,), validate_args=v).rsample((2,)),
+    )
+
+
+def test_rsample_compiles_without_graph_breaks(float64):
+    args = (torch.zeros(3), torch.ones(3), torch.full((3,), 8.0), torch.full((3,), 10.0))
+    args = args + (torch.ones(3),)
+    compiled = compile_fn(_rsamples)
+    with torch._inductor.config.patch(fallback_random=True), count_compiles() as stats_:
+        torch.manual_seed(9)
+        out = compiled(*args)
+    assert stats_.graph_breaks == 0 and stats_.graphs == 1
+    torch.manual_seed(9)
+    for got, ref in zip(out, _rsamples(*args), strict=True):
+        torch.testing.assert_close(got, ref)
+    assert bool(((out[0] >= 8) & (out[0] <= 10)).all())
+
+
+def test_tails_helpers_accurate(float64):
+    t = torch.tensor([-1e-20, -0.1, -0.69, -0.7, -5.0, -800.0])
+    np.testing.assert_allclose(_tails.log1mexp(t).numpy(), np.log(-np.expm1(t.numpy())), rtol=1e-12)
+    z = torch.tensor([-1e3, -40.0, -1.5, -1.0, -0.3, 0.0, 2.0, 9.0, 30.0])
+    np.testing.assert_allclose(
+        _tails.log_ndtr(z).numpy(), special.log_ndtr(z.numpy()), rtol=1e-12, atol=1e-300
+    )
+    d = dist.Normal(0.0, 1.0)
+    q = torch.tensor([1e-300, 1e-20, 0.3])
+    np.testing.assert_allclose(_tails.isf(d, q).numpy(), stats.norm.isf(q.numpy()), rtol=1e-10)
