@@ -62,11 +62,16 @@ def _describe(value: torch.Tensor, valid: torch.Tensor) -> str:
 
 
 def _unwrapped(fn):
-    """The distribution and the chain of wrappers around it (Independent, Expanded, ...)."""
-    chain = [fn]
-    while hasattr(fn, "base_dist"):
-        fn = fn.base_dist
+    """The distribution and those inside it: wrappers (Independent, Expanded, Masked, ...)
+    through ``base_dist``, and a mixture's mixing and component distributions."""
+    chain, pending = [], [fn]
+    while pending:
+        fn = pending.pop(0)
         chain.append(fn)
+        for attr in ("base_dist", "mixture_distribution", "component_distribution"):
+            inner = getattr(fn, attr, None)
+            if isinstance(inner, torch.distributions.Distribution):
+                pending.append(inner)
     return chain
 
 

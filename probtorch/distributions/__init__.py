@@ -29,6 +29,7 @@ from .censored import (  # noqa: F401
     RightCensoredDistribution,
 )
 from .constraint_registry import biject_to  # noqa: F401
+from .fixes import LKJ, Categorical, LKJCholesky, OrderedLogistic  # noqa: F401  (fixed)
 from .hurdle import HurdleDistribution, HurdleNegativeBinomial, HurdlePoisson  # noqa: F401
 from .truncated import TruncatedDistribution, TruncatedNormal  # noqa: F401
 from .zero_sum import ZeroSumConstraint, ZeroSumNormal, ZeroSumTransform, zero_sum  # noqa: F401

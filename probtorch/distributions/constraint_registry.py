@@ -47,3 +47,8 @@ class _FallbackRegistry(ConstraintRegistry):
 biject_to = _FallbackRegistry()
 biject_to.register(constraints.corr_cholesky)(lambda constraint: CompilableCorrCholeskyTransform())
 biject_to.register(ZeroSumConstraint)(lambda constraint: ZeroSumTransform(constraint.event_dim))
+# A mixture of one family has that family's support: a latent MixtureSameFamily site is
+# unconstrained through its components' bijection.
+biject_to.register(constraints.MixtureSameFamilyConstraint)(
+    lambda constraint: biject_to(constraint.base_constraint)
+)

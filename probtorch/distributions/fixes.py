@@ -1,0 +1,94 @@
+"""Subclasses that fix Pyro and torch families, exported under the same names.
+
+Compilation. Pyro's ``Categorical.log_prob`` checks whether ``value`` is its own enumerated
+support by comparing ``id(self)`` with a tag on the tensor (a speed-up for enumeration).
+Dynamo cannot compare the id of an object created inside a compiled region, so a model
+that observes a ``Categorical`` (or an ``OrderedLogistic``, which derives from it) could
+not be compiled.
+The subclasses here take torch's ``log_prob`` while compiling and Pyro's otherwise; the
+results are the same.
+
+Sampling. torch's ``LKJCholesky`` (and Pyro's ``LKJ``, which samples through it) draws row
+``i`` of the onion method from ``Beta(i - 1/2, ...)`` where the method needs
+``Beta(i/2, ...)`` (NumPyro has ``0.5 * offset + 0.5``): prior draws of correlations were
+too dispersed for ``dim >= 3`` (log densities were right). Pyro's ``LKJ.expand`` raised
+``NotImplementedError``, so ``LKJ`` could not sit in a plate. Both are fixed here.
+
+Example::
+
+    >>> import torch
+    >>> d = Categorical(probs=torch.tensor([0.25, 0.75]))
+    >>> round(float(d.log_prob(torch.tensor(1)).exp()), 2)
+    0.75
+"""
+
+from __future__ import annotations
+
+import pyro.distributions as pyro_dist
+import torch
+from pyro.distributions.transforms import CorrMatrixCholeskyTransform
+from torch.distributions import Beta
+
+__all__ = ["Categorical", "OrderedLogistic", "LKJCholesky", "LKJ"]
+
+
+class Categorical(pyro_dist.Categorical):
+    """Pyro's ``Categorical`` (same signature), compilable with ``fullgraph=True``."""
+
+    def log_prob(self, value):
+        if torch.compiler.is_compiling():
+            return torch.distributions.Categorical.log_prob(self, value)
+        return super().log_prob(value)
+
+
+class OrderedLogistic(pyro_dist.OrderedLogistic):
+    """Pyro's ``OrderedLogistic(predictor, cutpoints)``, compilable with ``fullgraph=True``."""
+
+    def log_prob(self, value):
+        if torch.compiler.is_compiling():
+            return torch.distributions.Categorical.log_prob(self, value)
+        return super().log_prob(value)
+
+
+class LKJCholesky(pyro_dist.LKJCholesky):
+    """LKJ distribution over Cholesky factors of correlation matrices, with a correct sampler.
+
+    Example::
+
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> L = LKJCholesky(3, 2.0).sample((20000,))
+        >>> corr = L @ L.transpose(-1, -2)
+        >>> [round(float(corr[:, i, j].var()), 2) for i, j in ((1, 0), (2, 0), (2, 1))]
+        [0.17, 0.17, 0.17]
+    """
+
+    def __init__(self, dim: int, concentration=1.0, validate_args=None):
+        super().__init__(dim, concentration, validate_args=validate_args)
+        offset = self._beta.concentration1 - 0.5  # torch's (0, 0, 1, ..., dim - 2)
+        self._beta = Beta(0.5 * offset + 0.5, self._beta.concentration0)
+
+    def expand(self, batch_shape, _instance=None):
+        new = _instance if _instance is not None else type(self).__new__(type(self))
+        return super().expand(batch_shape, _instance=new)
+
+
+class LKJ(pyro_dist.LKJ):
+    """LKJ distribution over correlation matrices (Pyro's), with a correct sampler and
+    ``expand`` (so it can be used inside a plate)."""
+
+    def __init__(self, dim: int, concentration=1.0, validate_args=None):
+        base_dist = LKJCholesky(dim, concentration)
+        self.dim, self.concentration = base_dist.dim, base_dist.concentration
+        super(pyro_dist.LKJ, self).__init__(
+            base_dist, CorrMatrixCholeskyTransform().inv, validate_args=validate_args
+        )
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        new = _instance if _instance is not None else type(self).__new__(type(self))
+        base_dist = self.base_dist.expand(batch_shape)
+        new.dim, new.concentration = self.dim, self.concentration.expand(batch_shape)
+        super(pyro_dist.LKJ, new).__init__(base_dist, self.transforms, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
