@@ -21,12 +21,47 @@ from .zero_sum import ZeroSumConstraint, ZeroSumTransform
 __all__ = ["biject_to", "CompilableCorrCholeskyTransform"]
 
 
-class CompilableCorrCholeskyTransform(CorrCholeskyTransform):
-    """``CorrCholeskyTransform`` whose ``log_abs_det_jacobian`` compiles under vmap.
+def _strict_lower_size(m: int) -> int:
+    """``n`` with ``n * (n - 1) / 2 == m``."""
+    n = round((1 + math.sqrt(1 + 8 * m)) / 2)
+    if n * (n - 1) // 2 != m:
+        raise ValueError(
+            f"a vector of size {m} is not the strict lower triangle of a square matrix"
+        )
+    return n
 
-    torch's version gathers the lower triangle with a boolean mask, which has a
-    data-dependent shape for the compiler; this one uses static integer indices.
+
+class CompilableCorrCholeskyTransform(CorrCholeskyTransform):
+    """``CorrCholeskyTransform`` that compiles under ``vmap`` and ``torch.func.grad``.
+
+    torch's version reads and writes the lower triangle through a boolean mask, which has a
+    data-dependent shape for the compiler; this one uses static integer indices (a gather
+    to build the matrix, so no in-place writes under autograd).
     """
+
+    def _call(self, x):
+        x = torch.tanh(x)
+        eps = torch.finfo(x.dtype).eps
+        x = x.clamp(min=-1 + eps, max=1 - eps)
+        n = _strict_lower_size(x.shape[-1])
+        # position (i, j) of the matrix reads element index[i, j] of [0, x]: 0 off the
+        # strict lower triangle, 1 + k for its k-th element in row-major order
+        rows, cols = torch.tril_indices(n, n, offset=-1, device=x.device)
+        index = torch.zeros(n, n, dtype=torch.long, device=x.device)
+        index[rows, cols] = torch.arange(1, rows.numel() + 1, device=x.device)
+        padded = torch.cat([x.new_zeros(x.shape[:-1] + (1,)), x], dim=-1)
+        r = padded[..., index.flatten()].reshape(x.shape[:-1] + (n, n))
+        z1m_cumprod_sqrt = (1 - r * r).sqrt().cumprod(-1)
+        r = r + torch.eye(n, dtype=r.dtype, device=r.device)
+        return r * F.pad(z1m_cumprod_sqrt[..., :-1], [1, 0], value=1)
+
+    def _inverse(self, y):
+        n = y.shape[-1]
+        rows, cols = torch.tril_indices(n, n, offset=-1, device=y.device)
+        y_cumsum = 1 - torch.cumsum(y * y, dim=-1)
+        y_cumsum_shifted = F.pad(y_cumsum[..., :-1], [1, 0], value=1)
+        t = y[..., rows, cols] / y_cumsum_shifted[..., rows, cols].sqrt()
+        return (t.log1p() - t.neg().log1p()) / 2
 
     def log_abs_det_jacobian(self, x, y, intermediates=None):
         y1m_cumsum = 1 - (y * y).cumsum(dim=-1)
