@@ -527,3 +527,31 @@ def test_windowed_adaptation_hits_target_accept_prob():
     inverse_mass = mcmc.last_state.inverse_mass
     assert inverse_mass.shape == (4, 50)
     assert abs(float(inverse_mass.mean()) - 1) < 0.1
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["diag", "dense"])
+def test_welford_batch_update_equals_one_at_a_time(dense):
+    """The host-side batched update (Chan's combination) equals sequential Welford."""
+    from probtorch.inference.mcmc.adaptation import (
+        welford_final,
+        welford_init,
+        welford_update,
+        welford_update_batch,
+    )
+
+    torch.manual_seed(0)
+    draws = torch.randn(3, 40, 4) * torch.tensor([1.0, 2.0, 0.5, 3.0]) + 5.0
+    sequential = welford_init(3, 4, dense, torch.float64)
+    for i in range(40):
+        sequential = welford_update(sequential, draws[:, i])
+    batched = welford_init(3, 4, dense, torch.float64)
+    for chunk in draws.split([7, 0, 20, 13], dim=1):
+        batched = welford_update_batch(batched, chunk)
+    for s, b in zip(sequential, batched):
+        torch.testing.assert_close(b, s, rtol=1e-12, atol=1e-12)
+    expected = torch.stack([torch.cov(d.T) for d in draws])
+    if not dense:
+        expected = expected.diagonal(dim1=-2, dim2=-1)
+    n = 40
+    regularized = n / (n + 5) * expected + 1e-3 * 5 / (n + 5) * (torch.eye(4) if dense else 1)
+    torch.testing.assert_close(welford_final(batched), regularized, rtol=1e-12, atol=1e-12)

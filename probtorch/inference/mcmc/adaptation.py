@@ -20,6 +20,7 @@ __all__ = [
     "WelfordState",
     "welford_init",
     "welford_update",
+    "welford_update_batch",
     "welford_final",
     "warmup_windows",
     "mass_sqrt_from_inverse",
@@ -90,6 +91,33 @@ def welford_update(state: WelfordState, z: torch.Tensor) -> WelfordState:
         m2 = state.m2 + delta.unsqueeze(-1) * delta_after.unsqueeze(-2)
     else:
         m2 = state.m2 + delta * delta_after
+    return WelfordState(mean, m2, count)
+
+
+def welford_update_batch(state: WelfordState, draws: torch.Tensor) -> WelfordState:
+    """Add ``draws`` of shape ``(C, n, D)`` at once (Chan et al.'s pairwise combination).
+
+    Equal, up to rounding, to ``n`` calls of :func:`welford_update`. The NUTS block executor
+    uses it on the host with each block's recorded draws, so the compiled graph carries no
+    mass-matrix statistics.
+    """
+    n = draws.shape[1]
+    if n == 0:
+        return state
+    batch_mean = draws.mean(1)
+    centered = draws - batch_mean.unsqueeze(1)
+    if state.m2.dim() == 3:
+        batch_m2 = centered.transpose(1, 2) @ centered
+    else:
+        batch_m2 = (centered * centered).sum(1)
+    count = state.count + n
+    delta = batch_mean - state.mean
+    weight = (state.count * n / count).unsqueeze(-1)  # n_a n_b / (n_a + n_b), per chain
+    mean = state.mean + delta * (n / count).unsqueeze(-1)
+    if state.m2.dim() == 3:
+        m2 = state.m2 + batch_m2 + weight.unsqueeze(-1) * delta.unsqueeze(-1) * delta.unsqueeze(-2)
+    else:
+        m2 = state.m2 + batch_m2 + weight * delta * delta
     return WelfordState(mean, m2, count)
 
 

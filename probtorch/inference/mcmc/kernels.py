@@ -21,6 +21,7 @@ from .adaptation import (
     dual_averaging_update,
     mass_sqrt_from_inverse,
     welford_update,
+    welford_update_batch,
 )
 from .executor import ChunkedLoop
 from .hmc import hmc_draw_randomness, hmc_init, hmc_iteration
@@ -315,9 +316,9 @@ class NUTS(_HamiltonianKernel):
                 state, rand, value_and_grad, step_size, inverse_mass, max_depth, max_delta
             )
 
-        def block_step(state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step, adapt_mass):
+        def block_step(state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step):
             return block_iteration(
-                state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step, adapt_mass,
+                state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step,
                 value_and_grad, max_depth, max_delta, target,
             )  # fmt: skip
 
@@ -363,10 +364,7 @@ class NUTS(_HamiltonianKernel):
         stats: dict[str, torch.Tensor | None] = {name: None for name in STAT_NAMES}
         filled, reported, divergences = [0] * C, 0, 0
         remaining = torch.full((C,), num_transitions, dtype=torch.int64, device=device)
-        flags = (
-            torch.tensor(bool(adapt_step_size), device=device),
-            torch.tensor(bool(collect_mass), device=device),
-        )
+        flags = (torch.tensor(bool(adapt_step_size), device=device),)
         interrupted = False
         try:
             while bool((remaining > 0).any()):
@@ -374,7 +372,7 @@ class NUTS(_HamiltonianKernel):
                 rand = draw_block_randomness(C, T, D, L, self.leaf_budget, dtype, device)
                 block = init_block(
                     state.z, state.potential_energy, state.grad, state.step_size,
-                    adapt.dual_averaging, adapt.welford, t_limit, T, L,
+                    adapt.dual_averaging, t_limit, T, L,
                 )  # fmt: skip
                 block_args = (rand, state.inverse_mass, state.mass_sqrt, t_limit) + flags
                 if self._lean_pending:
@@ -395,7 +393,14 @@ class NUTS(_HamiltonianKernel):
                     grad=block.grad,
                     step_size=block.step_size,
                 )
-                adapt = AdaptState(block.dual_averaging, block.welford)
+                welford = adapt.welford
+                if collect_mass:
+                    block_draws = [out["z"][c, :k] for c, k in enumerate(block.t.tolist())]
+                    if len(set(block.t.tolist())) == 1:  # the usual case: one batched update
+                        welford = welford_update_batch(welford, torch.stack(block_draws))
+                    else:  # chains finished different numbers of transitions
+                        welford = _welford_per_chain(welford, block_draws)
+                adapt = AdaptState(block.dual_averaging, welford)
                 if self._block_loop.interrupted:
                     raise KeyboardInterrupt  # the finished transitions above are kept
                 remaining = remaining - block.t
@@ -429,6 +434,15 @@ class NUTS(_HamiltonianKernel):
             z=result.z, potential_energy=result.potential_energy, grad=result.grad
         )
         return new_state, result
+
+
+def _welford_per_chain(welford, draws_per_chain: list[torch.Tensor]):
+    """:func:`welford_update_batch` chain by chain, for blocks of uneven length."""
+    parts = [
+        welford_update_batch(type(welford)(*(x[c : c + 1] for x in welford)), d.unsqueeze(0))
+        for c, d in enumerate(draws_per_chain)
+    ]
+    return type(welford)(*(torch.cat(xs) for xs in zip(*parts)))
 
 
 def _stat_values(step_size: torch.Tensor, result: TransitionResult) -> dict[str, torch.Tensor]:

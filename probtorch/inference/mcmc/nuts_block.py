@@ -2,11 +2,12 @@
 
 :func:`block_iteration` advances every chain by one leapfrog step, and also does what
 happens between transitions: a chain that finishes a transition records its draw, updates
-its step-size and mass-matrix adaptation, and starts its next transition at the next
-iteration, without waiting for the other chains' longer trees. A block ends for a chain
-after ``t_limit`` transitions, or when its share of pre-drawn leaf uniforms could not cover
-another full tree. The host then reads the draws and starts the next block; mass-matrix
-windows end at block boundaries.
+its step-size adaptation, and starts its next transition at the next iteration, without
+waiting for the other chains' longer trees. A block ends for a chain after ``t_limit``
+transitions, or when its share of pre-drawn leaf uniforms could not cover another full
+tree. The host then reads the draws and starts the next block. The mass-matrix statistics
+are updated on the host from each block's draws (they are only needed at window ends), so
+the graph does not carry a (co)variance update on every leapfrog step.
 
 Random numbers are drawn on the host per block (:func:`draw_block_randomness`), so eager and
 compiled execution give the same draws.
@@ -19,12 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from .adaptation import (
-    DualAveragingState,
-    WelfordState,
-    dual_averaging_update,
-    welford_update,
-)
+from .adaptation import DualAveragingState, dual_averaging_update
 from .nuts import NUTSState, init_transition, nuts_step, transition_result
 
 __all__ = [
@@ -68,7 +64,6 @@ class BlockState(NamedTuple):
     grad: torch.Tensor
     step_size: torch.Tensor
     dual_averaging: DualAveragingState
-    welford: WelfordState
     out: BlockOutputs
 
 
@@ -81,9 +76,7 @@ def draw_block_randomness(C, T, D, max_depth, leaf_budget, dtype, device=None) -
     )
 
 
-def init_block(
-    z, potential_energy, grad, step_size, dual_averaging, welford, t_limit, T, max_depth
-) -> BlockState:
+def init_block(z, potential_energy, grad, step_size, dual_averaging, t_limit, T, max_depth):
     """A block state whose chains start a fresh transition at ``z``."""
     C, D = z.shape
     zeros_noise = torch.zeros_like(z)
@@ -108,7 +101,6 @@ def init_block(
         grad.clone(),
         step_size.clone(),
         DualAveragingState(*(x.clone() for x in dual_averaging)),
-        WelfordState(*(x.clone() for x in welford)),
         outputs,
     )
 
@@ -143,7 +135,6 @@ def block_iteration(
     mass_sqrt: torch.Tensor,
     t_limit: torch.Tensor,
     adapt_step_size: torch.Tensor,
-    adapt_mass: torch.Tensor,
     value_and_grad: Callable,
     max_depth: int,
     max_delta_energy: float,
@@ -201,9 +192,6 @@ def block_iteration(
         *(_select(adapt_step, n, o) for n, o in zip(da_new, bs.dual_averaging))
     )
     step_size = torch.where(adapt_step, torch.exp(da_new.log_step_size), bs.step_size)
-    collect = finished & adapt_mass
-    wf_new = welford_update(bs.welford, result.z)
-    welford = WelfordState(*(_select(collect, n, o) for n, o in zip(wf_new, bs.welford)))
 
     t = bs.t + finished.to(bs.t.dtype)
     leaf_pos = bs.leaf_pos + torch.where(finished, new_tree.num_steps, torch.zeros_like(bs.t))
@@ -220,6 +208,5 @@ def block_iteration(
         _select(finished, result.grad, bs.grad),
         step_size,
         dual_averaging,
-        welford,
         out,
     )
