@@ -14,7 +14,7 @@ Example::
     ['mu', 'data', 'y']
 """
 
-from . import distributions, handlers
+from . import distributions, handlers, optim
 from .params import ParamStore, get_param_store, param_scope
 from .primitives import (
     RandomnessError,
@@ -41,6 +41,7 @@ __all__ = [
     "subsample",
     "handlers",
     "distributions",
+    "optim",
     "Messenger",
     "Message",
     "apply_stack",

@@ -1,8 +1,12 @@
-"""Inference: model -> potential, MCMC (NUTS/HMC)."""
+"""Inference: model -> potential, MCMC (NUTS/HMC), SVI (ELBOs, autoguides), Predictive."""
 
+from . import autoguide
+from .elbo import RenyiELBO, Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
 from .init_strategies import init_to_median, init_to_sample, init_to_uniform, init_to_value
 from .mcmc import HMC, MCMC, NUTS
 from .potential import Potential, initialize_model
+from .predictive import Predictive
+from .svi import SVI, SVIRunResult
 
 __all__ = [
     "MCMC",
@@ -14,4 +18,12 @@ __all__ = [
     "init_to_median",
     "init_to_sample",
     "init_to_value",
+    "SVI",
+    "SVIRunResult",
+    "Trace_ELBO",
+    "TraceMeanField_ELBO",
+    "TraceGraph_ELBO",
+    "RenyiELBO",
+    "Predictive",
+    "autoguide",
 ]

@@ -1,0 +1,652 @@
+"""Evidence lower bounds for SVI: ``Trace_ELBO``, ``TraceMeanField_ELBO``, ``TraceGraph_ELBO``,
+``RenyiELBO``. The loss is ``-ELBO``.
+
+An ELBO runs the guide, then the model with the guide's values replayed, and combines the log
+densities of the two traces. Particles are evaluated in one batched pass: model and guide run
+inside an extra plate of size ``num_particles`` to the left of every plate of the model (as
+Pyro's ``vectorize_particles``), so a model must put its batch dimensions on the left (as any
+model with plates does); ``vectorize_particles=False`` runs them one after the other instead.
+
+The work is split the way the compiled SVI step needs it:
+
+* :meth:`ELBO.prepare` runs once, eagerly, with validation: it checks that guide and model
+  agree (every latent site of the model is sampled by the guide, with a support inside the
+  model's and the same shape; errors name the site) and fixes what the later runs need
+  (the particle dimension, which sites get analytic KLs or score-function terms).
+* :meth:`ELBO.compute` is a pure function of the current parameters: no validation, no
+  Python branching on tensor values, so ``torch.compile(fullgraph=True)`` captures it. It
+  returns ``(surrogate_loss, loss, state)``: the gradient of ``surrogate_loss`` is the
+  gradient estimate, ``loss`` the ``-ELBO`` estimate, ``state`` the new baseline averages
+  (TraceGraph_ELBO).
+
+Example::
+
+    >>> import torch, probtorch as pt, probtorch.distributions as dist
+    >>> def model(y):
+    ...     mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+    ...     with pt.plate("n", len(y)):
+    ...         pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+    >>> def guide(y):
+    ...     pt.sample("mu", dist.Normal(pt.param("loc", torch.tensor(0.0)), 1.0))
+    >>> loss = Trace_ELBO(num_particles=10).differentiable_loss(model, guide, torch.zeros(3))
+    >>> loss.shape, loss.requires_grad
+    (torch.Size([]), True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.distributions import constraints, kl_divergence
+
+from ..handlers import Trace, replay, site_log_prob, trace
+from ..primitives import plate
+from ..runtime import Message, Messenger
+from ..validation import torch_validation
+
+__all__ = ["ELBO", "Trace_ELBO", "TraceMeanField_ELBO", "TraceGraph_ELBO", "RenyiELBO"]
+
+_PARTICLES = "_num_particles_vectorized"
+
+
+class _Seeded(Messenger):
+    """Let sample sites draw from torch's global generator.
+
+    ``seed`` sets and restores the generator state, which compiled code cannot do; SVI
+    manages the generator on the host and marks the sites seeded with this handler.
+    """
+
+    def process_message(self, msg: Message) -> None:
+        msg.extra["seeded"] = True
+
+
+class _Record(Messenger):
+    """A light ``trace``: keeps sample and plate sites, without validation (compiled runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.trace = Trace()
+
+    def postprocess_message(self, msg: Message) -> None:
+        if msg.type in ("sample", "plate") and msg.name not in self.trace:
+            self.trace[msg.name] = msg
+
+
+def _is_latent(site: Message) -> bool:
+    return site.type == "sample" and not site.is_observed
+
+
+@dataclass
+class ELBOPlan:
+    """What :meth:`ELBO.prepare` fixes for the compiled runs of one model/guide pair."""
+
+    max_plate_nesting: int
+    guide_latents: tuple[str, ...]
+    model_sites: tuple[str, ...]
+    analytic_kl: frozenset = frozenset()  # TraceMeanField_ELBO
+    # TraceGraph_ELBO: per non-reparameterized guide site, the guide and model sites
+    # downstream of it (the Rao-Blackwellized cost).
+    downstream: dict = field(default_factory=dict)
+    initial_state: dict = field(default_factory=dict)
+
+
+# -- support and shape checks -------------------------------------------------------------
+def _base_constraint(c):
+    while isinstance(c, constraints.independent):
+        c = c.base_constraint
+    return c
+
+
+def _bound(x):
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            return None
+        return float(x.reshape(()))
+    return float(x)
+
+
+def _as_interval(c):
+    """``(low, high, low_closed, high_closed)`` for real intervals, else None."""
+    c = _base_constraint(c)
+    inf = math.inf
+    if isinstance(c, constraints._Real):
+        return (-inf, inf, False, False)
+    if isinstance(c, constraints._GreaterThanEq):
+        return (_bound(c.lower_bound), inf, True, False)
+    if isinstance(c, constraints._GreaterThan):
+        return (_bound(c.lower_bound), inf, False, False)
+    if isinstance(c, constraints._LessThan):
+        return (-inf, _bound(c.upper_bound), False, False)
+    if isinstance(c, constraints._HalfOpenInterval):
+        return (_bound(c.lower_bound), _bound(c.upper_bound), True, False)
+    if isinstance(c, constraints._Interval):
+        return (_bound(c.lower_bound), _bound(c.upper_bound), True, True)
+    return None
+
+
+def _support_inside(guide_support, model_support) -> bool | None:
+    """Is the guide's support inside the model's? None when it cannot be decided statically."""
+    if constraints.is_dependent(guide_support) or constraints.is_dependent(model_support):
+        return None
+    g, m = _as_interval(guide_support), _as_interval(model_support)
+    if g is not None and m is not None:
+        if None in g[:2] or None in m[:2]:
+            return None
+        low_ok = g[0] > m[0] or (g[0] == m[0] and (m[2] or not g[2]))
+        high_ok = g[1] < m[1] or (g[1] == m[1] and (m[3] or not g[3]))
+        return low_ok and high_ok
+    g, m = _base_constraint(guide_support), _base_constraint(model_support)
+    if type(g) is not type(m):
+        # subclasses (e.g. Pyro's softplus_positive) share the set of their base class
+        return isinstance(g, type(m)) or None if g.is_discrete == m.is_discrete else False
+    if isinstance(g, constraints._IntegerInterval):
+        return _bound(g.lower_bound) >= _bound(m.lower_bound) and _bound(
+            g.upper_bound
+        ) <= _bound(m.upper_bound)
+    return True
+
+
+def _describe_fn(fn) -> str:
+    return (
+        f"{type(fn).__name__} with batch_shape {tuple(fn.batch_shape)}, "
+        f"event_shape {tuple(fn.event_shape)}"
+    )
+
+
+def _check_pair(name: str, guide_site: Message, model_site: Message) -> None:
+    guide_fn, model_fn = guide_site.fn, model_site.fn
+    try:
+        g_support, m_support = guide_fn.support, model_fn.support
+    except NotImplementedError:
+        g_support = m_support = None
+    if g_support is not None:
+        inside = _support_inside(g_support, m_support)
+        if inside is None and not constraints.is_dependent(m_support):
+            inside = bool(torch.all(m_support.check(guide_site.value)))
+        if inside is False:
+            raise ValueError(
+                f"site {name!r}: the guide's {type(guide_fn).__name__} has support "
+                f"{g_support}, but the model's {type(model_fn).__name__} has support "
+                f"{m_support}; the guide must draw values inside the model's support "
+                f"(e.g. a LogNormal or a transformed Normal for a positive latent)"
+            )
+    sample_shape = torch.Size(model_site.kwargs.get("sample_shape", ()))
+    expected = sample_shape + model_fn.batch_shape + model_fn.event_shape
+    shape = guide_site.value.shape
+    if shape != expected:
+        raise ValueError(
+            f"site {name!r}: the guide draws values of shape {tuple(shape)} "
+            f"({_describe_fn(guide_fn)}), but the model's site has shape {tuple(expected)} "
+            f"({_describe_fn(model_fn)}); give the guide the same shape, e.g. sample it "
+            f"inside the same plates or use .to_event()"
+        )
+
+
+class _CheckAgainstGuide(Messenger):
+    """Check each model site against the guide's as soon as the model reaches it.
+
+    Early, so that a guide value outside the model's support is reported as such, not as a
+    failure of a later site that uses the value.
+    """
+
+    def __init__(self, fn, guide_trace: Trace):
+        super().__init__(fn)
+        self.guide_trace = guide_trace
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "sample" or msg.name not in self.guide_trace:
+            return
+        guide_site = self.guide_trace[msg.name]
+        if not _is_latent(guide_site) or guide_site.infer.get("is_auxiliary", False):
+            return
+        if msg.is_observed:
+            raise ValueError(
+                f"the guide samples site {msg.name!r}, which the model observes; remove it "
+                f"from the guide"
+            )
+        _check_pair(msg.name, guide_site, msg)
+
+
+# -- helpers for batched particles -------------------------------------------------------
+def _per_particle(x: torch.Tensor, pdim: int | None, num: int) -> torch.Tensor:
+    """Sum ``x`` over everything but the particle dim: shape ``(num,)`` (or ``()``)."""
+    if pdim is None:
+        return x.sum()
+    if x.dim() < -pdim:
+        # the same for every particle
+        return x.sum().expand(num)
+    return x.movedim(x.dim() + pdim, 0).reshape(num, -1).sum(-1)
+
+
+def _sum_to(value: torch.Tensor, keep_dims: set) -> torch.Tensor:
+    """Sum out every dim of ``value`` that is not in ``keep_dims`` (negative), keeping dims."""
+    for d in range(-value.dim(), 0):
+        if d not in keep_dims and value.shape[d] != 1:
+            value = value.sum(d, keepdim=True)
+    return value
+
+
+class ELBO:
+    """Base class of the ELBOs. ``loss = -ELBO``, averaged over ``num_particles`` draws.
+
+    Args:
+        num_particles: draws from the guide per estimate.
+        vectorize_particles: draw all particles in one batched pass (an extra plate to the
+            left of the model's plates) rather than one after another.
+    """
+
+    def __init__(self, num_particles: int = 1, vectorize_particles: bool = True):
+        if int(num_particles) < 1:
+            raise ValueError(f"num_particles must be >= 1, got {num_particles}")
+        self.num_particles = int(num_particles)
+        self.vectorize_particles = bool(vectorize_particles)
+        self._eager_state: dict = {}
+
+    # -- public eager API (Pyro's) ---------------------------------------------------------
+    def loss(self, model: Callable, guide: Callable, *args, **kwargs) -> float:
+        """An estimate of ``-ELBO`` (a float), with params from the active param store."""
+        with torch.no_grad():
+            return float(self.differentiable_loss(model, guide, *args, **kwargs).detach())
+
+    def differentiable_loss(self, model: Callable, guide: Callable, *args, **kwargs):
+        """A surrogate loss whose gradient (by autograd) estimates the gradient of ``-ELBO``.
+
+        Its value is ``-ELBO`` for the reparameterized ELBOs; for ``TraceGraph_ELBO`` it also
+        holds the score-function and baseline terms.
+        """
+        plan = self.prepare(model, guide, args, kwargs)
+        state = self._eager_state if set(self._eager_state) == set(plan.initial_state) else (
+            plan.initial_state
+        )
+        with _Seeded():
+            surrogate, _, state = self.compute(model, guide, args, kwargs, plan, state)
+        self._eager_state = state
+        return surrogate
+
+    # -- machinery used by SVI ------------------------------------------------------------
+    def _traces(self, model, guide, args, kwargs, plan, validate=False) -> tuple[Trace, Trace]:
+        """Guide trace, then model trace with the guide's values replayed."""
+        if validate:
+            guide_tracer = trace(guide)
+        else:
+            guide_tracer = _Record()
+            guide_tracer.fn = guide
+        particles = None
+        if plan is not None and self.vectorize_particles and self.num_particles > 1:
+            particles = plate(_PARTICLES, self.num_particles, dim=-(plan.max_plate_nesting + 1))
+        if particles is None:
+            guide_tracer(*args, **kwargs)
+        else:
+            with particles:
+                guide_tracer(*args, **kwargs)
+        guide_trace = guide_tracer.trace
+        replayed = replay(model, trace=guide_trace)
+        if validate:
+            model_tracer = trace(_CheckAgainstGuide(replayed, guide_trace))
+        else:
+            model_tracer = _Record()
+            model_tracer.fn = replayed
+        if particles is None:
+            model_tracer(*args, **kwargs)
+        else:
+            with particles:
+                model_tracer(*args, **kwargs)
+        return model_tracer.trace, guide_tracer.trace
+
+    def _particle_dim(self, plan: ELBOPlan) -> int | None:
+        if self.vectorize_particles and self.num_particles > 1:
+            return -(plan.max_plate_nesting + 1)
+        return None
+
+    def prepare(self, model: Callable, guide: Callable, args: tuple, kwargs: dict) -> ELBOPlan:
+        """Run guide and model once, eagerly, with checks; fix the plan of later runs."""
+        with torch_validation(False), _Seeded():
+            try:
+                model_trace, guide_trace = self._traces(model, guide, args, kwargs, None, True)
+            except Exception as error:
+                if hasattr(error, "add_note"):
+                    error.add_note("(raised while tracing the guide, then the model, once)")
+                raise
+            plan = self._check(model_trace, guide_trace)
+            self._extend_plan(plan, model_trace, guide_trace)
+            if self.vectorize_particles and self.num_particles > 1:
+                try:
+                    _, _, state = self.compute(model, guide, args, kwargs, plan, None)
+                except Exception as error:
+                    raise ValueError(
+                        f"running the model and guide for {self.num_particles} particles at "
+                        f"once failed ({type(error).__name__}: {error}). Particles are a "
+                        f"batch dimension at dim {self._particle_dim(plan)}, left of the "
+                        f"model's plates, so tensors must broadcast from the right (e.g. "
+                        f"(x * w).sum(-1), not x @ w). Or use vectorize_particles=False."
+                    ) from error
+            else:
+                _, _, state = self.compute(model, guide, args, kwargs, plan, None)
+            plan.initial_state = {k: v.detach() for k, v in state.items()}
+        return plan
+
+    def _check(self, model_trace: Trace, guide_trace: Trace) -> ELBOPlan:
+        model_latents = [n for n, s in model_trace.items() if _is_latent(s)]
+        guide_latents = [n for n, s in guide_trace.items() if _is_latent(s)]
+        for name in model_latents:
+            if name not in guide_trace or guide_trace[name].type != "sample":
+                raise ValueError(
+                    f"latent site {name!r} of the model ({type(model_trace[name].fn).__name__})"
+                    f" is not sampled by the guide; the guide must sample every latent site "
+                    f"of the model (or observe the site in the model with obs=)"
+                )
+        for name in guide_latents:
+            site = guide_trace[name]
+            if site.infer.get("is_auxiliary", False):
+                continue
+            if name not in model_trace or model_trace[name].type != "sample":
+                raise ValueError(
+                    f"the guide samples site {name!r}, which is not a sample site of the "
+                    f"model; guide sites must match the model's latent sites by name (mark "
+                    f"extra guide sites infer={{'is_auxiliary': True}})"
+                )
+        self._check_reparam(guide_trace, guide_latents)
+        nesting = 0
+        for tr in (model_trace, guide_trace):
+            for site in tr.values():
+                if site.type == "sample":
+                    nesting = max(nesting, site_log_prob(site).dim())
+                    for frame in site.cond_indep_stack:
+                        nesting = max(nesting, -frame.dim)
+        return ELBOPlan(
+            max_plate_nesting=nesting,
+            guide_latents=tuple(guide_latents),
+            model_sites=tuple(n for n, s in model_trace.items() if s.type == "sample"),
+        )
+
+    def _check_reparam(self, guide_trace: Trace, guide_latents: list) -> None:
+        for name in guide_latents:
+            fn = guide_trace[name].fn
+            if not fn.has_rsample:
+                raise ValueError(
+                    f"guide site {name!r} ({type(fn).__name__}) is not reparameterizable "
+                    f"(has_rsample is False), so {type(self).__name__} cannot differentiate "
+                    f"through its draws; use TraceGraph_ELBO (score-function gradients), or "
+                    f"a reparameterizable guide distribution"
+                )
+
+    def _extend_plan(self, plan: ELBOPlan, model_trace: Trace, guide_trace: Trace) -> None:
+        pass
+
+    def compute(self, model, guide, args, kwargs, plan: ELBOPlan, state: dict | None):
+        """``(surrogate_loss, loss, new_state)`` for the current params; pure, compilable."""
+        num = self.num_particles
+        if self.vectorize_particles or num == 1:
+            model_trace, guide_trace = self._traces(model, guide, args, kwargs, plan)
+            return self._from_traces(model_trace, guide_trace, plan, state)
+        surrogates, losses = [], []
+        for _ in range(num):
+            model_trace, guide_trace = self._traces(model, guide, args, kwargs, plan)
+            surrogate, loss, state = self._from_traces(model_trace, guide_trace, plan, state)
+            surrogates.append(surrogate)
+            losses.append(loss)
+        return self._combine_sequential(surrogates, losses, state)
+
+    def _combine_sequential(self, surrogates, losses, state):
+        return torch.stack(surrogates).mean(), torch.stack(losses).mean(), state
+
+    def _elbo_particles(self, model_trace, guide_trace, plan, kl_sites=frozenset()):
+        """Per-particle ELBO: ``(num_particles,)`` when vectorized, else ``()``."""
+        pdim, num = self._particle_dim(plan), self.num_particles
+        elbo = None
+        for name in plan.model_sites:
+            if name in kl_sites:
+                continue
+            term = _per_particle(site_log_prob(model_trace[name]), pdim, num)
+            elbo = term if elbo is None else elbo + term
+        for name in plan.guide_latents:
+            site = guide_trace[name]
+            if name in kl_sites:
+                kl = kl_divergence(site.fn, model_trace[name].fn)
+                if site.mask is False:
+                    kl = torch.zeros_like(kl)
+                elif site.mask is not None and site.mask is not True:
+                    kl = torch.where(site.mask, kl, torch.zeros((), dtype=kl.dtype))
+                if site.scale is not None:
+                    kl = site.scale * kl
+                term = -_per_particle(kl, pdim, num)
+            else:
+                term = -_per_particle(site_log_prob(site), pdim, num)
+            elbo = term if elbo is None else elbo + term
+        return elbo
+
+    def _from_traces(self, model_trace, guide_trace, plan, state):
+        elbo = self._elbo_particles(model_trace, guide_trace, plan)
+        loss = -elbo.mean()
+        return loss, loss, {}
+
+
+class Trace_ELBO(ELBO):
+    """The standard ELBO estimator: ``E_q[log p(x, z) - log q(z)]`` by reparameterized draws.
+
+    Every guide site must be reparameterizable (``has_rsample``); for discrete or otherwise
+    non-reparameterizable guide sites use :class:`TraceGraph_ELBO`.
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("z", dist.Normal(0.0, 1.0))
+        >>> def guide():
+        ...     pt.sample("z", dist.Normal(0.0, 1.0))   # the exact posterior: ELBO = log p = 0
+        >>> abs(Trace_ELBO(num_particles=4).loss(model, guide))
+        0.0
+    """
+
+
+class TraceMeanField_ELBO(ELBO):
+    """Trace_ELBO with the KL term of each latent site in closed form where torch has it.
+
+    For a latent site whose guide and model distributions have a registered
+    ``torch.distributions.kl_divergence``, the term ``E_q[log p(z) - log q(z)]`` is replaced by
+    ``-KL(q || p)`` (less variance); other sites are estimated by Monte Carlo as in
+    :class:`Trace_ELBO`. Correct when the guide is mean-field (each guide factor does not
+    depend on other latent draws through the model's structure), as in Pyro.
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("z", dist.Normal(0.0, 1.0))
+        >>> def guide():
+        ...     pt.sample("z", dist.Normal(1.0, 1.0))
+        >>> TraceMeanField_ELBO().loss(model, guide)   # KL(N(1,1) || N(0,1)) = 0.5
+        0.5
+    """
+
+    def _extend_plan(self, plan, model_trace, guide_trace):
+        analytic = set()
+        for name in plan.guide_latents:
+            if name not in model_trace:
+                continue
+            try:
+                kl_divergence(guide_trace[name].fn, model_trace[name].fn)
+            except NotImplementedError:
+                continue
+            analytic.add(name)
+        plan.analytic_kl = frozenset(analytic)
+
+    def _from_traces(self, model_trace, guide_trace, plan, state):
+        elbo = self._elbo_particles(model_trace, guide_trace, plan, plan.analytic_kl)
+        loss = -elbo.mean()
+        return loss, loss, {}
+
+
+class RenyiELBO(ELBO):
+    """The Renyi alpha-divergence bound (Li & Turner 2016); ``alpha=0`` is the IWAE bound.
+
+    ``loss = -1/(1-alpha) * log mean_k exp((1-alpha) * (log p(x, z_k) - log q(z_k)))`` over
+    ``num_particles`` draws ``z_k``. Larger ``num_particles`` gives a tighter bound;
+    ``alpha=1`` would be the ELBO (use :class:`Trace_ELBO`). Guide sites must be
+    reparameterizable.
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     z = pt.sample("z", dist.Normal(0.0, 1.0))
+        ...     pt.sample("x", dist.Normal(z, 1.0), obs=torch.tensor(1.0))
+        >>> def guide():   # the exact posterior N(1/2, 1/2): every weight is p(x)
+        ...     pt.sample("z", dist.Normal(0.5, 0.5**0.5))
+        >>> round(RenyiELBO(alpha=0.0, num_particles=5).loss(model, guide), 4)   # -log N(1|0,2)
+        1.5155
+    """
+
+    def __init__(self, alpha: float = 0.0, num_particles: int = 2, vectorize_particles=True):
+        if float(alpha) == 1.0:
+            raise ValueError("RenyiELBO: alpha=1 is the ordinary ELBO; use Trace_ELBO")
+        super().__init__(num_particles, vectorize_particles)
+        self.alpha = float(alpha)
+
+    def _bound(self, elbo_particles: torch.Tensor) -> torch.Tensor:
+        scaled = (1.0 - self.alpha) * elbo_particles
+        log_mean = torch.logsumexp(scaled, 0) - math.log(scaled.shape[0])
+        return log_mean / (1.0 - self.alpha)
+
+    def _from_traces(self, model_trace, guide_trace, plan, state):
+        elbo = self._elbo_particles(model_trace, guide_trace, plan)
+        loss = -self._bound(elbo.reshape(-1))
+        return loss, loss, {}
+
+    def _combine_sequential(self, surrogates, losses, state):
+        # Sequential particles: each ``loss`` is -elbo of one particle (num_particles=1 bound).
+        loss = -self._bound(-torch.stack(losses))
+        return loss, loss, state
+
+
+class TraceGraph_ELBO(ELBO):
+    """ELBO with score-function gradients for non-reparameterizable guide sites.
+
+    For each guide site without ``rsample`` (discrete sites, or ``fn.has_rsample_(False)``) the
+    gradient estimate adds ``log q(z) * (downstream cost - baseline)``, where the downstream
+    cost holds only the terms of the sites at or after ``z`` (guide order, then the model's
+    sites after those) and, within a plate, only the same plate element (Rao-Blackwellization
+    over plates, as Pyro's TraceGraph_ELBO with its dense dependency graph). Baselines are set
+    per guide site, as in Pyro::
+
+        pt.sample("z", dist.Bernoulli(p), infer={"baseline": {
+            "use_decaying_avg_baseline": True, "baseline_beta": 0.9}})
+        pt.sample("z", dist.Bernoulli(p), infer={"baseline": {
+            "nn_baseline": net, "nn_baseline_input": x}})   # net registered with pt.module
+        pt.sample("z", dist.Bernoulli(p), infer={"baseline": {"baseline_value": b}})
+
+    A neural or given baseline is fitted by adding ``(cost - baseline)^2`` to the surrogate
+    loss; the decaying average is SVI state (updated after it is used, so the estimate
+    stays unbiased).
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     z = pt.sample("z", dist.Bernoulli(0.5))
+        ...     pt.sample("x", dist.Normal(z, 1.0), obs=torch.tensor(1.0))
+        >>> def guide():
+        ...     p = pt.param("p", torch.tensor(0.5), constraint=dist.constraints.unit_interval)
+        ...     pt.sample("z", dist.Bernoulli(p))
+        >>> loss = TraceGraph_ELBO().differentiable_loss(model, guide)
+        >>> loss.requires_grad
+        True
+    """
+
+    def _check_reparam(self, guide_trace, guide_latents):
+        pass
+
+    def _extend_plan(self, plan, model_trace, guide_trace):
+        model_order = {n: i for i, n in enumerate(plan.model_sites)}
+        latents = list(plan.guide_latents)
+        for i, name in enumerate(latents):
+            if guide_trace[name].fn.has_rsample:
+                continue
+            guide_nodes = tuple(latents[i:])
+            # Pyro's dense graph: a model site depends on every model site before it.
+            first = min((model_order[n] for n in guide_nodes if n in model_order), default=None)
+            children = ()
+            if first is not None:
+                children = tuple(
+                    n for n in plan.model_sites[first + 1 :] if n not in set(guide_nodes)
+                )
+            plan.downstream[name] = (guide_nodes, children)
+            options = guide_trace[name].infer.get("baseline", {})
+            unknown = set(options) - {
+                "use_decaying_avg_baseline",
+                "baseline_beta",
+                "nn_baseline",
+                "nn_baseline_input",
+                "baseline_value",
+            }
+            if unknown:
+                raise ValueError(f"guide site {name!r}: unknown baseline option(s) {unknown}")
+            if "nn_baseline" in options and "nn_baseline_input" not in options:
+                raise ValueError(
+                    f"guide site {name!r}: nn_baseline needs nn_baseline_input (the input of "
+                    f"the baseline network)"
+                )
+
+    def _from_traces(self, model_trace, guide_trace, plan, state):
+        pdim, num = self._particle_dim(plan), self.num_particles
+        initializing = state is None
+        new_state = {}
+        elbo = self._elbo_particles(model_trace, guide_trace, plan)
+        surrogate = elbo
+        for name in plan.guide_latents:
+            site = guide_trace[name]
+            if not site.fn.has_rsample:
+                # No pathwise entropy term for non-reparameterized sites (as Pyro): its
+                # expected gradient is zero; the score term below carries the entropy.
+                log_q = _per_particle(site_log_prob(site), pdim, num)
+                surrogate = surrogate + (log_q - log_q.detach())
+        baseline_loss = None
+        for name, (guide_nodes, children) in plan.downstream.items():
+            site = guide_trace[name]
+            keep = {f.dim for f in site.cond_indep_stack}
+            cost = None
+            terms = []
+            for node in guide_nodes:
+                if node in model_trace:
+                    terms.append((model_trace[node], site_log_prob(model_trace[node])))
+                terms.append((guide_trace[node], -site_log_prob(guide_trace[node])))
+            for node in children:
+                terms.append((model_trace[node], site_log_prob(model_trace[node])))
+            for term_site, value in terms:
+                shared = keep & {f.dim for f in term_site.cond_indep_stack}
+                value = _sum_to(value, shared)
+                cost = value if cost is None else cost + value
+            cost = cost.detach()
+            score = _sum_to(site.fn.log_prob(site.value), keep)
+            options = site.infer.get("baseline", {})
+            baseline = None
+            if options.get("use_decaying_avg_baseline", False):
+                beta = float(options.get("baseline_beta", 0.9))
+                reduced = cost if pdim is None or cost.dim() < -pdim else cost.mean(
+                    pdim, keepdim=True
+                )
+                key = f"baseline_avg/{name}"
+                old = torch.zeros_like(reduced) if initializing else state[key]
+                new_state[key] = beta * old + (1 - beta) * reduced
+                baseline = old
+            for key in ("nn_baseline", "baseline_value"):
+                if key not in options:
+                    continue
+                if key == "nn_baseline":
+                    value = options["nn_baseline"](options["nn_baseline_input"])
+                else:
+                    value = options["baseline_value"]
+                value = torch.as_tensor(value)
+                fit = ((cost - value) ** 2).sum() / num
+                baseline_loss = fit if baseline_loss is None else baseline_loss + fit
+                baseline = value if baseline is None else baseline + value
+            advantage = cost if baseline is None else cost - baseline
+            surrogate = surrogate + _per_particle(score * advantage.detach(), pdim, num)
+        surrogate_loss = -surrogate.mean()
+        if baseline_loss is not None:
+            surrogate_loss = surrogate_loss + baseline_loss
+        # the surrogate's value differs from -ELBO only by terms with zero expectation
+        return surrogate_loss, -elbo.mean(), new_state

@@ -1,0 +1,289 @@
+"""``Predictive``: prior and posterior predictive draws, batched over samples.
+
+The model runs with its observations removed (every observed sample site is drawn from its
+distribution instead; ``factor`` sites are left alone), and with its latent sites
+substituted by posterior draws: given ones (e.g. ``MCMC.get_samples()``), or draws from a
+guide and its fitted params. With no draws at all it gives the prior predictive.
+
+Batching (``parallel=True``): the model runs once for all ``S`` samples, inside an outer
+plate of size ``S`` at batch dim ``-(max_plate_nesting + 1)``, where ``max_plate_nesting``
+(the most batch dims of any sample site, plates included) is read from one unbatched run.
+The model's own plates (automatic dims count from ``-1``) stay to the right of it. This is
+Pyro's scheme; it needs a model written to broadcast over extra batch dims on the left
+(use plates and broadcasting; avoid ``x @ beta`` with a latent vector ``beta``,
+``.item()``, and reshapes of latent values). ``parallel=False`` runs the model once per
+sample in a Python loop and works for every model.
+
+Randomness: ``predictive(*args, seed=0)`` is reproducible and leaves torch's global
+generator as it was. Without ``seed`` the run draws its seed from torch's global generator
+(so ``torch.manual_seed`` makes it reproducible too).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..handlers import Trace, seed, substitute, trace
+from ..primitives import plate
+from ..runtime import Message, Messenger
+from .autoguide.base import AutoGuide
+
+__all__ = ["Predictive"]
+
+_PARTICLE_PLATE = "_num_predictive_samples"
+
+
+class _uncondition(Messenger):
+    """Drop the observations of observed sample sites (not factors): they are drawn instead.
+
+    A distribution whose observation broadcast it to a larger batch shape is expanded to
+    that shape, so that the draws have the shape of the data.
+    """
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "sample" or not msg.is_observed or msg.infer.get("is_auxiliary"):
+            return
+        obs = msg.value
+        if isinstance(obs, torch.Tensor):
+            fn = msg.fn
+            obs_batch = obs.shape[: max(obs.dim() - fn.event_dim, 0)]
+            try:
+                batch_shape = torch.broadcast_shapes(obs_batch, fn.batch_shape)
+            except RuntimeError:
+                batch_shape = fn.batch_shape
+            if batch_shape != fn.batch_shape:
+                msg.fn = fn.expand(batch_shape)
+        msg.value = None
+        msg.is_observed = False
+
+
+def _is_latent(site: Message) -> bool:
+    return site.type == "sample" and not site.is_observed and not site.infer.get("is_auxiliary")
+
+
+def _batch_ndim(site: Message) -> int:
+    return site.value.dim() - site.fn.event_dim
+
+
+def _max_plate_nesting(tr: Trace) -> int:
+    nesting = 0
+    for site in tr.values():
+        if site.type != "sample":
+            continue
+        nesting = max(nesting, _batch_ndim(site))
+        for frame in site.cond_indep_stack:
+            nesting = max(nesting, -frame.dim)
+    return nesting
+
+
+def _check_samples(posterior_samples: dict, num_samples: int | None) -> int:
+    if not isinstance(posterior_samples, dict) or not posterior_samples:
+        raise ValueError("posterior_samples must be a non-empty dict {site: (S, ...) tensor}")
+    sizes = {}
+    for name, value in posterior_samples.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            raise ValueError(
+                f"posterior_samples[{name!r}] must be a tensor with a leading sample "
+                f"dimension, got {type(value).__name__}"
+                + (" of shape ()" if isinstance(value, torch.Tensor) else "")
+            )
+        sizes[name] = value.shape[0]
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join(f"{name!r}: {size}" for name, size in sizes.items())
+        raise ValueError(
+            f"posterior_samples must all have the same leading (sample) dimension; got {shown}"
+        )
+    size = next(iter(sizes.values()))
+    if num_samples is not None and int(num_samples) != size:
+        raise ValueError(
+            f"num_samples={num_samples} but posterior_samples hold {size} draws; leave "
+            f"num_samples out or slice the samples"
+        )
+    return size
+
+
+class Predictive:
+    """Draws from the prior or posterior predictive distribution of a model.
+
+    Args:
+        model: the model function.
+        posterior_samples: ``{site: (S, ...) tensor}`` of posterior draws of latent sites
+            (e.g. ``MCMC.get_samples()``); sites the model lacks are ignored.
+        guide: a guide (an autoguide, or any callable drawing the latent sites) to draw
+            ``num_samples`` posterior samples from; not together with ``posterior_samples``.
+        params: ``{name: constrained value}`` of the guide's (and the model's) params, e.g.
+            SVI's ``result.params``. Without it, params are read from the active store.
+        num_samples: the number of draws; required without ``posterior_samples``.
+        return_sites: the sites to return (latent, observed or deterministic). By default,
+            as in NumPyro, the sample sites that are not in the posterior draws (observed
+            sites, and latent ones the draws lack) and all deterministic sites.
+        parallel: run the model once for all samples (see the module docs) instead of once
+            per sample.
+
+    Calling it with the model's arguments (and ``seed=`` for reproducible draws) returns
+    ``{site: (S, ...) tensor}``.
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> def model(n, y=None):
+        ...     mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        ...     with pt.plate("data", n):
+        ...         pt.sample("y", dist.Normal(mu, 0.1), obs=y)
+        >>> prior = Predictive(model, num_samples=500)(3, seed=0)
+        >>> prior["y"].shape
+        torch.Size([500, 3])
+        >>> post = Predictive(model, posterior_samples={"mu": torch.full((4,), 5.0)})
+        >>> out = post(3, y=torch.zeros(3), seed=0)
+        >>> sorted(out), bool((out["y"] - 5.0).abs().max() < 1.0)
+        (['y'], True)
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        posterior_samples: dict | None = None,
+        guide: Callable | None = None,
+        params: dict | None = None,
+        num_samples: int | None = None,
+        return_sites: Sequence[str] | None = None,
+        parallel: bool = True,
+    ):
+        if not callable(model):
+            raise TypeError(f"Predictive needs a callable model, got {model!r}")
+        if posterior_samples is not None and guide is not None:
+            raise ValueError("Predictive takes posterior_samples or guide, not both")
+        if posterior_samples is not None:
+            num_samples = _check_samples(posterior_samples, num_samples)
+        elif num_samples is None:
+            raise ValueError(
+                "Predictive needs num_samples when no posterior_samples are given (for the "
+                "prior predictive, or the number of draws from the guide)"
+            )
+        num_samples = int(num_samples)
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        if return_sites is not None:
+            if isinstance(return_sites, str):
+                raise TypeError(f"return_sites must be a list of names, got {return_sites!r}")
+            return_sites = list(return_sites)
+        self.model = model
+        self.posterior_samples = posterior_samples
+        self.guide = guide
+        self.params = params
+        self.num_samples = num_samples
+        self.return_sites = return_sites
+        self.parallel = bool(parallel)
+
+    def __call__(self, *args, seed: int | None = None, **kwargs) -> dict[str, torch.Tensor]:
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()).item())
+        with torch.no_grad(), _seed(int(seed)):
+            samples = self._posterior_draws(args, kwargs)
+            return self._predict(samples, args, kwargs)
+
+    # -- posterior draws -------------------------------------------------------------
+    def _posterior_draws(self, args, kwargs) -> dict[str, torch.Tensor]:
+        if self.posterior_samples is not None:
+            return dict(self.posterior_samples)
+        if self.guide is None:
+            return {}
+        if isinstance(self.guide, AutoGuide):
+            self.guide._ensure_prototype(args, kwargs)
+            return self.guide.sample_posterior(self.num_samples, params=self.params)
+        guide = self.guide
+        if self.params is not None:
+            guide = substitute(guide, data=self.params)
+        proto = trace(guide).get_trace(*args, **kwargs)
+        names = [name for name, site in proto.items() if _is_latent(site)]
+        return _run(guide, {}, self.num_samples, proto, names, self.parallel, args, kwargs)
+
+    # -- the model ---------------------------------------------------------------------
+    def _predict(self, samples, args, kwargs) -> dict[str, torch.Tensor]:
+        model = _uncondition(self.model)
+        if self.params is not None:
+            model = substitute(model, data=self.params)
+        first = {name: value[0] for name, value in samples.items()}
+        proto = trace(substitute(model, data=first)).get_trace(*args, **kwargs)
+        names = self._return_names(proto, samples)
+        return _run(model, samples, self.num_samples, proto, names, self.parallel, args, kwargs)
+
+    def _return_names(self, proto: Trace, samples: dict) -> list[str]:
+        sites = {
+            name: site
+            for name, site in proto.items()
+            if (site.type == "sample" and not site.infer.get("is_auxiliary"))
+            or site.type == "deterministic"
+        }
+        if self.return_sites is None:
+            return [
+                name
+                for name, site in sites.items()
+                if site.type == "deterministic" or name not in samples
+            ]
+        unknown = [name for name in self.return_sites if name not in sites]
+        if unknown:
+            raise ValueError(
+                f"return_sites {unknown} are not sample or deterministic sites of the model; "
+                f"its sites are {list(sites)}"
+            )
+        return list(self.return_sites)
+
+
+def _seed(rng_seed: int) -> seed:
+    return seed(rng_seed=rng_seed)
+
+
+def _run(fn, samples, num_samples, proto, names, parallel, args, kwargs):
+    """Values of the sites ``names`` over ``num_samples`` runs of ``fn`` with ``samples``."""
+    if not parallel:
+        draws = {name: [] for name in names}
+        for i in range(num_samples):
+            data = {name: value[i] for name, value in samples.items()}
+            tr = trace(substitute(fn, data=data)).get_trace(*args, **kwargs)
+            for name in names:
+                draws[name].append(tr[name].value)
+        return {name: torch.stack(values) for name, values in draws.items()}
+
+    nesting = _max_plate_nesting(proto)
+    data = {}
+    for name, value in samples.items():
+        site = proto.get(name)
+        if site is None or site.type != "sample":
+            continue  # deterministic sites are recomputed; others are not in the model
+        pad = (1,) * (nesting - _batch_ndim(site))
+        data[name] = value.reshape((num_samples,) + pad + tuple(site.value.shape))
+    particles = plate(_PARTICLE_PLATE, num_samples, dim=-(nesting + 1))
+    try:
+        with particles:
+            tr = trace(substitute(fn, data=data)).get_trace(*args, **kwargs)
+    except Exception as error:
+        raise RuntimeError(
+            f"Predictive(parallel=True) runs the model once for all {num_samples} samples, "
+            f"with the samples along batch dim {-(nesting + 1)}, and the model failed: "
+            f"{type(error).__name__}: {error}. The model must broadcast over that dim (use "
+            f"plates; avoid `x @ latent_vector`, .item() and reshapes of latent values), or "
+            f"pass parallel=False to run it once per sample."
+        ) from error
+    out = {}
+    for name in names:
+        value = tr[name].value
+        shape = (num_samples,) + tuple(proto[name].value.shape)
+        if tuple(value.shape) == shape:
+            out[name] = value
+        elif value.numel() == math.prod(shape):
+            out[name] = value.reshape(shape)
+        else:
+            try:
+                out[name] = torch.broadcast_to(value, shape).clone()
+            except RuntimeError:
+                raise RuntimeError(
+                    f"Predictive(parallel=True): site {name!r} has shape {tuple(value.shape)} "
+                    f"when run for all samples at once, which does not fit its shape "
+                    f"{tuple(proto[name].value.shape)} in one run; the model does not broadcast "
+                    f"over the sample dim {-(nesting + 1)}. Pass parallel=False."
+                ) from None
+    return out

@@ -1,0 +1,418 @@
+"""Optimizers for SVI: thin factories over ``torch.optim``, with a functional update.
+
+``pt.optim.Adam(lr=1e-2)`` takes ``torch.optim.Adam``'s keyword arguments and is two things:
+
+* a factory: ``Adam(lr=1e-2)(params)`` builds the ``torch.optim.Adam`` for a list of
+  tensors (for hand-written training loops);
+* a pure, elementwise update ``update(params, grad, state, lr) -> (params, state)`` over one
+  flat tensor, with exactly ``torch.optim``'s arithmetic. ``SVI`` uses this one: its whole
+  step (ELBO, gradient, update) is one compiled function over flat tensors, and the learning
+  rate is a tensor argument, so a scheduler changes it without recompiling.
+
+Learning-rate schedules wrap an optimizer: ``pt.optim.scheduler(StepLR, Adam(lr=0.1),
+step_size=100)`` runs the torch scheduler on the host, one ``scheduler.step()`` per SVI step,
+and feeds the resulting learning rates to the compiled update.
+
+Example::
+
+    >>> import torch, probtorch as pt
+    >>> adam = pt.optim.Adam(lr=0.1)
+    >>> x = torch.tensor([1.0, -2.0])
+    >>> state = adam.init(x)
+    >>> x, state = adam.update(x, 2 * x, state, torch.tensor(0.1))  # gradient of |x|^2
+    >>> x
+    tensor([ 0.9000, -1.9000])
+    >>> type(adam([torch.zeros(2, requires_grad=True)])).__name__
+    'Adam'
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+__all__ = [
+    "Optimizer",
+    "Adam",
+    "AdamW",
+    "SGD",
+    "RMSprop",
+    "ClippedAdam",
+    "Scheduler",
+    "scheduler",
+]
+
+# torch.optim arguments that choose an implementation, not the arithmetic: passed on to the
+# torch optimizer, ignored by the functional update.
+_IMPLEMENTATION_ARGS = {"foreach", "capturable", "differentiable", "fused"}
+
+
+class Optimizer:
+    """Base class: keyword arguments of ``torch_class`` plus a functional update.
+
+    Subclasses set ``torch_class`` and implement ``init`` and ``update``. The learning rate
+    passed to ``update`` is a 0-d tensor; the other hyper-parameters are Python numbers.
+    """
+
+    torch_class: type = torch.optim.Optimizer
+
+    def __init__(self, **kwargs):
+        allowed = self._allowed_kwargs()
+        unknown = sorted(set(kwargs) - allowed)
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__} got unexpected keyword argument(s) {unknown}; "
+                f"allowed: {sorted(allowed)}"
+            )
+        self.kwargs = dict(kwargs)
+        defaults = self._defaults()
+        self.hyper = {k: kwargs.get(k, v) for k, v in defaults.items()}
+        lr = self.hyper.get("lr")
+        if lr is None or float(lr) < 0:
+            raise ValueError(f"{type(self).__name__}: lr must be >= 0, got {lr}")
+        self._check()
+
+    @classmethod
+    def _defaults(cls) -> dict:
+        signature = inspect.signature(cls.torch_class.__init__)
+        return {
+            name: p.default
+            for name, p in signature.parameters.items()
+            if name not in ("self", "params") and name not in _IMPLEMENTATION_ARGS
+            and p.default is not inspect.Parameter.empty
+        }
+
+    @classmethod
+    def _allowed_kwargs(cls) -> set:
+        return set(cls._defaults()) | _IMPLEMENTATION_ARGS
+
+    def _check(self) -> None:
+        """Reject arguments the functional update does not implement."""
+
+    @property
+    def lr(self) -> float:
+        """The base learning rate."""
+        return float(self.hyper["lr"])
+
+    def __call__(self, params) -> torch.optim.Optimizer:
+        """The ``torch.optim`` optimizer for ``params`` (an iterable of tensors or groups)."""
+        return self.torch_class(params, **self.kwargs)
+
+    def init(self, params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The optimizer state for ``params`` (a tuple of tensors; the first is the step count)."""
+        raise NotImplementedError
+
+    def update(
+        self,
+        params: torch.Tensor,
+        grad: torch.Tensor,
+        state: tuple[torch.Tensor, ...],
+        lr: torch.Tensor,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """One step: ``(new_params, new_state)``; pure, so it can run in compiled code."""
+        raise NotImplementedError
+
+    # -- learning-rate schedule (constant here; see Scheduler) ---------------------------
+    def learning_rates(self, num_steps: int) -> list[float]:
+        """The learning rates of the next ``num_steps`` steps (advances a schedule)."""
+        return [self.lr] * num_steps
+
+    def observe(self, losses) -> None:
+        """Losses of the steps just taken (for schedules that react to the loss)."""
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"{type(self).__name__}({args})"
+
+
+def _zeros(params: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(params)
+
+
+def _step(params: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=params.dtype, device=params.device)
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam`` (``lr``, ``betas``, ``eps``, ``weight_decay``, ``amsgrad``, ...).
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.optim.Adam(lr=1e-2, betas=(0.9, 0.99)).hyper["betas"]
+        (0.9, 0.99)
+    """
+
+    torch_class = torch.optim.Adam
+    _decoupled = False
+
+    def init(self, params):
+        state = (_step(params), _zeros(params), _zeros(params))
+        if self.hyper["amsgrad"]:
+            state = state + (_zeros(params),)
+        return state
+
+    def update(self, params, grad, state, lr):
+        h = self.hyper
+        beta1, beta2 = (float(b) for b in h["betas"])
+        wd, eps = float(h["weight_decay"]), float(h["eps"])
+        step, exp_avg, exp_avg_sq = state[0] + 1, state[1], state[2]
+        if h["maximize"]:
+            grad = -grad
+        if wd != 0:
+            if self._decoupled or h.get("decoupled_weight_decay", False):
+                params = params * (1 - lr * wd)
+            else:
+                grad = grad + wd * params
+        exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
+        exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+        bias_correction1 = 1 - beta1**step
+        bias_correction2_sqrt = (1 - beta2**step).sqrt()
+        step_size = lr / bias_correction1
+        new_state = (step, exp_avg, exp_avg_sq)
+        second = exp_avg_sq
+        if h["amsgrad"]:
+            second = torch.maximum(state[3], exp_avg_sq)
+            new_state = new_state + (second,)
+        denom = second.sqrt() / bias_correction2_sqrt + eps
+        return params - step_size * exp_avg / denom, new_state
+
+
+class AdamW(Adam):
+    """``torch.optim.AdamW``: Adam with decoupled weight decay (default ``weight_decay=1e-2``).
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.optim.AdamW(lr=1e-3).hyper["weight_decay"]
+        0.01
+    """
+
+    torch_class = torch.optim.AdamW
+    _decoupled = True
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD`` (``lr``, ``momentum``, ``dampening``, ``weight_decay``, ``nesterov``).
+
+    Example::
+
+        >>> import torch, probtorch as pt
+        >>> sgd = pt.optim.SGD(lr=0.5)
+        >>> sgd.update(torch.ones(1), torch.ones(1), sgd.init(torch.ones(1)), torch.tensor(0.5))[0]
+        tensor([0.5000])
+    """
+
+    torch_class = torch.optim.SGD
+
+    def init(self, params):
+        return (_step(params), _zeros(params))
+
+    def update(self, params, grad, state, lr):
+        h = self.hyper
+        momentum, dampening = float(h["momentum"]), float(h["dampening"])
+        wd = float(h["weight_decay"])
+        step, buf = state
+        if h["maximize"]:
+            grad = -grad
+        if wd != 0:
+            grad = grad + wd * params
+        if momentum != 0:
+            # torch starts the momentum buffer at the first gradient, undampened.
+            buf = torch.where(step == 0, grad, buf * momentum + (1 - dampening) * grad)
+            grad = grad + momentum * buf if h["nesterov"] else buf
+        return params - lr * grad, (step + 1, buf)
+
+
+class RMSprop(Optimizer):
+    """``torch.optim.RMSprop`` (``lr``, ``alpha``, ``eps``, ``weight_decay``, ``momentum``,
+    ``centered``).
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.optim.RMSprop(lr=1e-2, centered=True).hyper["alpha"]
+        0.99
+    """
+
+    torch_class = torch.optim.RMSprop
+
+    def init(self, params):
+        return (_step(params), _zeros(params), _zeros(params), _zeros(params))
+
+    def update(self, params, grad, state, lr):
+        h = self.hyper
+        alpha, eps, wd = float(h["alpha"]), float(h["eps"]), float(h["weight_decay"])
+        momentum = float(h["momentum"])
+        step, square_avg, grad_avg, buf = state
+        if h["maximize"]:
+            grad = -grad
+        if wd != 0:
+            grad = grad + wd * params
+        square_avg = square_avg * alpha + (1 - alpha) * grad * grad
+        if h["centered"]:
+            grad_avg = torch.lerp(grad_avg, grad, 1 - alpha)
+            avg = (square_avg - grad_avg * grad_avg).sqrt() + eps
+        else:
+            avg = square_avg.sqrt() + eps
+        if momentum > 0:
+            buf = buf * momentum + grad / avg
+            params = params - lr * buf
+        else:
+            params = params - lr * grad / avg
+        return params, (step + 1, square_avg, grad_avg, buf)
+
+
+def _clipped_adam_class():
+    from pyro.optim.clipped_adam import ClippedAdam as PyroClippedAdam
+
+    return PyroClippedAdam
+
+
+class ClippedAdam(Optimizer):
+    """Pyro's ClippedAdam: Adam with each gradient element clipped to ``[-clip_norm,
+    clip_norm]`` and the learning rate multiplied by ``lrd`` at every step.
+
+    Arguments: ``lr=1e-3``, ``betas=(0.9, 0.999)``, ``eps=1e-8``, ``weight_decay=0``,
+    ``clip_norm=10.0``, ``lrd=1.0``, ``centered_variance=False``. ``ClippedAdam(...)(params)``
+    builds ``pyro.optim.clipped_adam.ClippedAdam``.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> opt = pt.optim.ClippedAdam(lr=1e-2, clip_norm=5.0, lrd=0.999)
+        >>> opt.hyper["clip_norm"], opt.hyper["lrd"]
+        (5.0, 0.999)
+    """
+
+    torch_class = None  # pyro.optim.clipped_adam.ClippedAdam, imported lazily
+
+    @classmethod
+    def _defaults(cls) -> dict:
+        return {
+            "lr": 1e-3,
+            "betas": (0.9, 0.999),
+            "eps": 1e-8,
+            "weight_decay": 0,
+            "clip_norm": 10.0,
+            "lrd": 1.0,
+            "centered_variance": False,
+        }
+
+    @classmethod
+    def _allowed_kwargs(cls) -> set:
+        return set(cls._defaults())
+
+    def _check(self) -> None:
+        if float(self.hyper["clip_norm"]) <= 0:
+            raise ValueError(f"ClippedAdam: clip_norm must be > 0, got {self.hyper['clip_norm']}")
+
+    def __call__(self, params) -> torch.optim.Optimizer:
+        return _clipped_adam_class()(params, **self.kwargs)
+
+    def init(self, params):
+        return (_step(params), _zeros(params), _zeros(params))
+
+    def update(self, params, grad, state, lr):
+        h = self.hyper
+        beta1, beta2 = (float(b) for b in h["betas"])
+        clip, lrd = float(h["clip_norm"]), float(h["lrd"])
+        wd, eps = float(h["weight_decay"]), float(h["eps"])
+        step, exp_avg, exp_avg_sq = state[0] + 1, state[1], state[2]
+        grad = grad.clamp(-clip, clip)
+        if wd != 0:
+            grad = grad + wd * params
+        exp_avg = exp_avg * beta1 + (1 - beta1) * grad
+        grad_var = grad - exp_avg if h["centered_variance"] else grad
+        exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad_var * grad_var
+        denom = exp_avg_sq.sqrt() + eps
+        # Pyro decays the group's lr before every step: lr_t = lr * lrd ** t.
+        lr = lr * lrd**step
+        step_size = lr * (1 - beta2**step).sqrt() / (1 - beta1**step)
+        return params - step_size * exp_avg / denom, (step, exp_avg, exp_avg_sq)
+
+
+class Scheduler(Optimizer):
+    """An optimizer whose learning rate follows a ``torch.optim.lr_scheduler`` schedule.
+
+    Made by :func:`scheduler`. The torch scheduler runs on the host over a one-element dummy
+    optimizer: SVI asks for the learning rates of the next steps before running them (one
+    ``scheduler.step()`` per SVI step) and passes them to the compiled update as a tensor.
+    ``ReduceLROnPlateau`` gets ``step(loss)`` after each step with that step's loss; within
+    a block of compiled steps its learning rate is constant, so it reacts up to
+    ``steps_per_call - 1`` steps late.
+    """
+
+    def __init__(self, scheduler_class: type, optimizer: Optimizer, **scheduler_kwargs):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(
+                f"scheduler needs a probtorch optimizer such as pt.optim.Adam(lr=...), "
+                f"got {type(optimizer).__name__}"
+            )
+        self.scheduler_class = scheduler_class
+        self.optimizer = optimizer
+        self.scheduler_kwargs = dict(scheduler_kwargs)
+        self.kwargs = optimizer.kwargs
+        self.hyper = optimizer.hyper
+        self._dummy_param = torch.zeros(1, requires_grad=True)
+        self._torch_optimizer = optimizer([self._dummy_param])
+        self._torch_scheduler = scheduler_class(self._torch_optimizer, **scheduler_kwargs)
+        self._plateau = isinstance(
+            self._torch_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
+        )
+
+    def __call__(self, params):
+        """A torch scheduler (``scheduler_class``) over a new torch optimizer for ``params``;
+        the optimizer is its ``.optimizer``."""
+        return self.scheduler_class(self.optimizer(params), **self.scheduler_kwargs)
+
+    @property
+    def lr(self) -> float:
+        """The current learning rate of the schedule."""
+        return float(self._torch_optimizer.param_groups[0]["lr"])
+
+    def init(self, params):
+        return self.optimizer.init(params)
+
+    def update(self, params, grad, state, lr):
+        return self.optimizer.update(params, grad, state, lr)
+
+    def learning_rates(self, num_steps: int) -> list[float]:
+        if self._plateau:
+            return [self.lr] * num_steps
+        lrs = []
+        for _ in range(num_steps):
+            lrs.append(self.lr)
+            # The dummy optimizer has no gradient: step() is a no-op that tells the scheduler
+            # an optimizer step happened (avoiding torch's call-order warning).
+            self._torch_optimizer.step()
+            self._torch_scheduler.step()
+        return lrs
+
+    def observe(self, losses) -> None:
+        if self._plateau:
+            for loss in losses:
+                self._torch_optimizer.step()
+                self._torch_scheduler.step(float(loss))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.scheduler_kwargs.items())
+        return f"scheduler({self.scheduler_class.__name__}, {self.optimizer!r}, {args})"
+
+
+def scheduler(scheduler_class: type, optimizer: Optimizer, **scheduler_kwargs) -> Scheduler:
+    """Run ``optimizer`` with the learning-rate schedule ``scheduler_class(**scheduler_kwargs)``.
+
+    ``scheduler_class`` is any ``torch.optim.lr_scheduler`` class; SVI advances it once per
+    step.
+
+    Example::
+
+        >>> import torch, probtorch as pt
+        >>> from torch.optim.lr_scheduler import StepLR
+        >>> opt = pt.optim.scheduler(StepLR, pt.optim.Adam(lr=1.0), step_size=2, gamma=0.5)
+        >>> opt.learning_rates(5)
+        [1.0, 1.0, 0.5, 0.5, 0.25]
+    """
+    return Scheduler(scheduler_class, optimizer, **scheduler_kwargs)

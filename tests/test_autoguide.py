@@ -1,0 +1,507 @@
+"""Autoguides: site matching, summaries, and exact recovery of Gaussian posteriors."""
+
+import math
+
+import pytest
+import torch
+from scipy import stats
+from torch.optim.lr_scheduler import ExponentialLR
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.distributions import biject_to
+from probtorch.inference.autoguide import (
+    AutoDelta,
+    AutoDiagonalNormal,
+    AutoIAFNormal,
+    AutoLaplaceApproximation,
+    AutoLowRankMultivariateNormal,
+    AutoMultivariateNormal,
+    AutoNormal,
+)
+from probtorch.inference.elbo import Trace_ELBO
+from probtorch.inference.svi import SVI
+
+ALL_GUIDES = [
+    AutoNormal,
+    AutoDelta,
+    AutoDiagonalNormal,
+    AutoMultivariateNormal,
+    AutoLowRankMultivariateNormal,
+    AutoLaplaceApproximation,
+    AutoIAFNormal,
+]
+
+
+# -- fitting ---------------------------------------------------------------------------
+def fit(model, guide, args=(), kwargs=None, steps=2000, lr=0.05, final_lr=1e-4, seed=0):
+    """Fit ``guide`` with SVI (Trace_ELBO, Adam with an exponentially decaying learning rate).
+
+    Eager (``compile=False``: the same steps and draws as compiled, without the compile
+    time); returns ``result.params``.
+    """
+    gamma = (final_lr / lr) ** (1.0 / steps)
+    optim = pt.optim.scheduler(ExponentialLR, pt.optim.Adam(lr=lr), gamma=gamma)
+    svi = SVI(model, guide, optim, Trace_ELBO(), compile=False, seed=seed)
+    result = svi.run(steps, *args, progress_bar=False, **(kwargs or {}))
+    assert torch.isfinite(result.losses).all()
+    return result.params
+
+
+# -- models ----------------------------------------------------------------------------
+PRIOR_SD = 2.0
+
+
+def normal_means(y):
+    """K independent means, each with N noisy unit-variance observations: (N, K) data."""
+    with pt.plate("groups", y.shape[-1]):
+        mu = pt.sample("mu", dist.Normal(0.0, PRIOR_SD))
+        with pt.plate("obs", y.shape[0]):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def normal_means_data():
+    g = torch.Generator().manual_seed(1)
+    n = torch.tensor([1, 4, 10])
+    y = torch.randn(10, 3, generator=g, dtype=torch.float64) + torch.tensor(
+        [1.0, -2.0, 0.5], dtype=torch.float64
+    )
+    # Different numbers of observations per group, by masking: posterior sds differ.
+    mask = torch.arange(10)[:, None] < n
+    return y, mask, n
+
+
+def normal_means_masked(y, mask):
+    with pt.plate("groups", y.shape[-1]):
+        mu = pt.sample("mu", dist.Normal(torch.tensor(0.0, dtype=y.dtype), PRIOR_SD))
+        with pt.plate("obs", y.shape[0]), pt.handlers.mask(mask=mask):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def normal_means_posterior(y, mask):
+    precision = 1 / PRIOR_SD**2 + mask.sum(0)
+    mean = (y * mask).sum(0) / precision
+    return mean, precision.rsqrt()
+
+
+SIGMA = 0.5
+
+
+def regression(X, y):
+    """Linear regression with known noise; 2 correlated predictors, no plate-unfriendly ops."""
+    beta = pt.sample("beta", dist.Normal(torch.zeros(2, dtype=X.dtype), 1.0).to_event(1))
+    with pt.plate("n", X.shape[0]):
+        pt.sample("y", dist.Normal((X * beta).sum(-1), SIGMA), obs=y)
+
+
+def regression_data(n=20):
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randn(n, generator=g, dtype=torch.float64)
+    x2 = 0.8 * x1 + 0.6 * torch.randn(n, generator=g, dtype=torch.float64)
+    X = torch.stack([x1, x2], -1)
+    y = X @ torch.tensor([1.0, -0.5], dtype=torch.float64) + SIGMA * torch.randn(
+        n, generator=g, dtype=torch.float64
+    )
+    precision = torch.eye(2, dtype=torch.float64) + X.T @ X / SIGMA**2
+    cov = torch.linalg.inv(precision)
+    mean = cov @ X.T @ y / SIGMA**2
+    return X, y, mean, cov
+
+
+def mixed_supports(y):
+    """Positive, simplex, correlation-Cholesky, bounded and plate-local latent sites."""
+    scale = pt.sample("scale", dist.HalfNormal(1.0))
+    weights = pt.sample("weights", dist.Dirichlet(torch.ones(3)))
+    corr = pt.sample("corr", dist.LKJCholesky(3, 2.0))
+    p = pt.sample("p", dist.Beta(2.0, 2.0))
+    pt.deterministic("total", scale * p)
+    with pt.plate("n", y.shape[0]):
+        local = pt.sample("local", dist.Normal(0.0, scale))
+        rate = pt.sample("rate", dist.Gamma(2.0, 1.0))
+        probs = pt.sample("probs", dist.Dirichlet(weights * 3 + 1))
+        mean = local + rate * p + (probs * weights).sum(-1) + corr[..., 2, 1]
+        pt.sample("y", dist.Normal(mean, 1.0), obs=y)
+
+
+def _latent_model_sites(model, *args):
+    tr = pt.handlers.trace(pt.handlers.seed(model, rng_seed=3)).get_trace(*args)
+    return {
+        name: site for name, site in tr.items() if site.type == "sample" and not site.is_observed
+    }
+
+
+def _run_guide(guide, *args, seed=0):
+    with pt.handlers.seed(rng_seed=seed):
+        return pt.handlers.trace(guide).get_trace(*args)
+
+
+# -- sites match the model ---------------------------------------------------------------
+@pytest.mark.parametrize("guide_class", ALL_GUIDES, ids=lambda c: c.__name__)
+def test_guide_sites_match_model(guide_class):
+    y = torch.randn(4)
+    model_sites = _latent_model_sites(mixed_supports, y)
+    guide = guide_class(mixed_supports)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        guide_tr = _run_guide(guide, y)
+        latent = {
+            n: s
+            for n, s in guide_tr.items()
+            if s.type == "sample" and not s.infer.get("is_auxiliary")
+        }
+        assert list(latent) == list(model_sites)
+        for name, site in model_sites.items():
+            g = latent[name]
+            assert g.value.shape == site.value.shape, name
+            assert g.fn.event_shape == site.fn.event_shape, name
+            assert g.fn.batch_shape == site.fn.batch_shape, name
+            assert bool(site.fn.support.check(g.value).all()), name
+            # plates: the guide site sits in the same plates at the same dims
+            assert {(f.name, f.dim) for f in g.cond_indep_stack} == {
+                (f.name, f.dim) for f in site.cond_indep_stack
+            }
+        assert "total" not in guide.latents  # deterministic sites are not latent
+        # The model replayed on the guide's draws has a finite log joint, and so does the guide.
+        replayed = pt.handlers.replay(mixed_supports, trace=guide_tr)
+        model_tr = pt.handlers.trace(pt.handlers.seed(replayed, 1)).get_trace(y)
+        assert torch.isfinite(model_tr.log_prob_sum())
+        assert torch.isfinite(guide_tr.log_prob_sum())
+        assert all(name.startswith("auto.") for name in store.keys())
+
+
+def test_auto_normal_param_names_and_shapes():
+    y = torch.randn(4)
+    guide = AutoNormal(mixed_supports, prefix="q")
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        _run_guide(guide, y)
+    shapes = {name: tuple(store[name].shape) for name in store.keys()}
+    assert shapes["q.loc.scale"] == ()
+    assert shapes["q.loc.weights"] == (2,)  # simplex: unconstrained dim K - 1
+    assert shapes["q.loc.corr"] == (3,)  # 3x3 correlation Cholesky: 3 free coordinates
+    assert shapes["q.loc.local"] == (4,)
+    assert shapes["q.scale.probs"] == (4, 2)
+    assert guide.param_names == list(store.keys())
+
+
+def test_discrete_latent_is_named():
+    def model():
+        pt.sample("k", dist.Poisson(3.0))
+        pt.sample("x", dist.Normal(0.0, 1.0))
+
+    for guide_class in (AutoNormal, AutoMultivariateNormal):
+        with pytest.raises(ValueError, match="latent site 'k' has the discrete"):
+            guide_class(model)()
+
+
+def test_no_latent_sites():
+    def model():
+        pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
+
+    with pytest.raises(ValueError, match="no latent sample sites"):
+        AutoNormal(model)()
+
+
+def test_summaries_need_setup_and_params():
+    guide = AutoNormal(normal_means)
+    with pytest.raises(RuntimeError, match="has not been set up"):
+        guide.median()
+    y = torch.randn(5, 3)
+    with pt.param_scope(pt.ParamStore()):
+        _run_guide(guide, y)
+    with pytest.raises(KeyError, match="params has no entry 'auto.loc.mu'"):
+        guide.median(params={})
+    with pytest.raises(KeyError, match="fit the guide first"):
+        guide.median()  # the default store is empty
+
+
+def test_prototype_hides_model_from_outer_handlers():
+    def model():
+        w = pt.param("w", torch.tensor(1.0))
+        pt.sample("x", dist.Normal(w, 1.0))
+
+    guide = AutoNormal(model)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        tr = _run_guide(guide)
+    assert [n for n, s in tr.items() if s.type == "sample"] == ["x"]
+    assert "w" not in store and "w" not in pt.get_param_store()
+
+
+# -- summaries ---------------------------------------------------------------------------
+def _auto_normal_with_params():
+    y = torch.randn(4)
+    guide = AutoNormal(mixed_supports)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        _run_guide(guide, y)
+    g = torch.Generator().manual_seed(5)
+    params = {}
+    for name in store.keys():
+        value = store[name].detach()
+        if ".loc." in name:
+            params[name] = torch.randn(value.shape, generator=g)
+        else:
+            params[name] = 0.1 + torch.rand(value.shape, generator=g)
+    return guide, params
+
+
+def test_auto_normal_median_and_quantiles():
+    guide, params = _auto_normal_with_params()
+    qs = [0.05, 0.5, 0.9]
+    quantiles = guide.quantiles(qs, params=params)
+    median = guide.median(params=params)
+    for name, site in guide.latents.items():
+        loc, scale = params[f"auto.loc.{name}"], params[f"auto.scale.{name}"]
+        transform = biject_to(site.support)
+        assert quantiles[name].shape == (3,) + site.shape
+        for i, q in enumerate(qs):
+            expected = transform(loc + scale * float(stats.norm.ppf(q)))
+            torch.testing.assert_close(quantiles[name][i], expected)
+        torch.testing.assert_close(median[name], transform(loc))
+        torch.testing.assert_close(quantiles[name][1], median[name])
+
+
+def test_auto_normal_sample_posterior():
+    guide, params = _auto_normal_with_params()
+    draws = guide.sample_posterior(4000, params=params, seed=1)
+    again = guide.sample_posterior(4000, params=params, seed=1)
+    state = torch.random.get_rng_state()
+    for name, site in guide.latents.items():
+        assert draws[name].shape == (4000,) + site.shape
+        assert torch.equal(draws[name], again[name])
+        assert bool(guide.prototype_trace[name].fn.support.check(draws[name]).all())
+        z = biject_to(site.support).inv(draws[name].double())
+        loc = params[f"auto.loc.{name}"].double()
+        scale = params[f"auto.scale.{name}"].double()
+        # z-test of the unconstrained mean, and the sd within 10%
+        assert ((z.mean(0) - loc).abs() < 5 * scale / math.sqrt(4000)).all(), name
+        assert ((z.std(0) / scale - 1).abs() < 0.1).all(), name
+    assert torch.equal(state, torch.random.get_rng_state())  # seeded: global RNG untouched
+
+
+def test_auto_mvn_summaries():
+    X, y, mean, cov = regression_data()
+    guide = AutoMultivariateNormal(regression)
+    with pt.param_scope(pt.ParamStore()):
+        _run_guide(guide, X, y)
+    L = torch.linalg.cholesky(cov)
+    params = {
+        "auto.loc": mean,
+        "auto.scale": L.diagonal(),
+        "auto.unit_tril": L / L.diagonal()[:, None],
+    }
+    posterior = guide.get_posterior(params)
+    torch.testing.assert_close(posterior.covariance_matrix, cov)
+    torch.testing.assert_close(guide.median(params)["beta"], mean)
+    q = guide.quantiles([0.25, 0.75], params)["beta"]
+    sd = cov.diagonal().sqrt()
+    torch.testing.assert_close(q[1] - q[0], 2 * float(stats.norm.ppf(0.75)) * sd)
+    draws = guide.sample_posterior(20000, params, seed=0)["beta"]
+    assert draws.shape == (20000, 2)
+    torch.testing.assert_close(torch.cov(draws.T), cov, rtol=0.05, atol=0.0)
+
+
+def test_subsampled_plate_auto_normal_uses_full_size_params():
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        with pt.plate("data", 10, subsample_size=3) as idx:
+            z = pt.sample("z", dist.Normal(mu, 1.0))
+            pt.sample("y", dist.Normal(z, 1.0), obs=y[idx])
+
+    y = torch.randn(10)
+    guide = AutoNormal(model)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        _run_guide(guide, y)
+        assert store["auto.loc.z"].shape == (10,)
+        store["auto.loc.z"] = torch.arange(10.0)
+        store["auto.scale.z"] = torch.full((10,), 1e-6)
+        tr = _run_guide(guide, y, seed=4)
+        idx = tr["data"].value
+        assert tr["z"].value.shape == (3,)
+        torch.testing.assert_close(tr["z"].value, idx.float(), atol=1e-4, rtol=0)
+        model_tr = pt.handlers.trace(pt.handlers.replay(model, trace=tr)).get_trace(y)
+        assert torch.equal(model_tr["data"].value, idx)  # the model uses the guide's indices
+    assert guide.median(dict(store.items()))["z"].shape == (10,)
+    with pytest.raises(ValueError, match="subsamples 3 of 10"):
+        AutoDiagonalNormal(model)(y)
+
+
+def test_auto_delta_summaries():
+    def model():
+        pt.sample("rate", dist.Gamma(3.0, 2.0))
+
+    guide = AutoDelta(model)
+    with pt.param_scope(pt.ParamStore()):
+        _run_guide(guide)
+    params = {"auto.loc.rate": torch.tensor(1.5)}
+    assert float(guide.median(params)["rate"]) == 1.5
+    assert guide.quantiles([0.1, 0.9], params)["rate"].tolist() == [1.5, 1.5]
+    assert guide.sample_posterior(7, params)["rate"].shape == (7,)
+
+
+# -- exact recovery ----------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("guide_class", [AutoNormal, AutoDiagonalNormal])
+def test_mean_field_recovers_independent_normal_posterior(guide_class):
+    y, mask, _ = normal_means_data()
+    mean, sd = normal_means_posterior(y, mask)
+    guide = guide_class(normal_means_masked)
+    params = fit(normal_means_masked, guide, (y, mask), steps=2500)
+    draws = guide.sample_posterior(20000, params, seed=0)["mu"]
+    median = guide.median(params)["mu"]
+    q = guide.quantiles([stats.norm.cdf(-1), stats.norm.cdf(1)], params)["mu"]
+    fitted_sd = (q[1] - q[0]) / 2
+    assert ((median - mean).abs() < 0.1 * sd).all(), (median, mean, sd)
+    assert ((fitted_sd / sd - 1).abs() < 0.1).all(), (fitted_sd, sd)
+    assert ((draws.mean(0) - mean).abs() < 0.1 * sd).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "make_guide",
+    [
+        lambda m: AutoMultivariateNormal(m),
+        lambda m: AutoLowRankMultivariateNormal(m, rank=1),
+    ],
+    ids=["AutoMultivariateNormal", "AutoLowRankMultivariateNormal"],
+)
+def test_full_rank_recovers_correlated_posterior(make_guide):
+    X, y, mean, cov = regression_data()
+    sd = cov.diagonal().sqrt()
+    corr = cov[0, 1] / (sd[0] * sd[1])
+    assert corr < -0.5  # the test needs a strongly correlated posterior
+    guide = make_guide(regression)
+    params = fit(regression, guide, (X, y), steps=2500)
+    posterior = guide.get_posterior(params)
+    fitted_cov = posterior.covariance_matrix.detach()
+    fitted_sd = fitted_cov.diagonal().sqrt()
+    fitted_corr = fitted_cov[0, 1] / (fitted_sd[0] * fitted_sd[1])
+    median = guide.median(params)["beta"]
+    assert ((median - mean).abs() < 0.1 * sd).all(), (median, mean)
+    assert ((fitted_sd / sd - 1).abs() < 0.1).all(), (fitted_sd, sd)
+    assert abs(fitted_corr - corr) < 0.05, (fitted_corr, corr)
+
+
+def test_auto_delta_finds_map():
+    # Gamma(a, b) prior, Poisson counts: posterior Gamma(a + sum y, b + n); the MAP of the
+    # rate (constrained space, no Jacobian) is (a + sum y - 1) / (b + n).
+    y = torch.tensor([3.0, 5.0, 2.0, 4.0], dtype=torch.float64)
+
+    def model(y):
+        rate = pt.sample("rate", dist.Gamma(torch.tensor(2.0, dtype=y.dtype), 1.0))
+        with pt.plate("n", len(y)):
+            pt.sample("y", dist.Poisson(rate), obs=y)
+
+    guide = AutoDelta(model)
+    params = fit(model, guide, (y,), steps=1500, lr=0.05, final_lr=1e-4)
+    expected = (2.0 + y.sum() - 1) / (1.0 + len(y))
+    torch.testing.assert_close(guide.median(params)["rate"], expected, rtol=1e-4, atol=0)
+
+
+def test_laplace_exact_for_gaussian_posterior():
+    X, y, mean, cov = regression_data()
+    guide = AutoLaplaceApproximation(regression)
+    params = fit(regression, guide, (X, y), steps=1500, lr=0.05, final_lr=1e-4)
+    torch.testing.assert_close(guide.median(params)["beta"], mean, rtol=0, atol=1e-3)
+    laplace = guide.laplace_approximation(X, y, params=params)
+    assert isinstance(laplace, AutoMultivariateNormal)
+    posterior = laplace.get_posterior()
+    torch.testing.assert_close(posterior.covariance_matrix, cov, rtol=0, atol=1e-4)
+    assert posterior.loc.dtype == torch.float64
+    # the returned guide is usable as a guide, with fixed params
+    draws = laplace.sample_posterior(10, seed=0)["beta"]
+    assert draws.shape == (10, 2)
+    tr = _run_guide(laplace, X, y)
+    assert tr["beta"].value.shape == (2,)
+
+
+def test_laplace_in_unconstrained_space():
+    # log(rate) has density exp(alpha*u - beta*e^u): mode log(alpha/beta), Hessian alpha.
+    y = torch.tensor([3.0, 5.0, 2.0, 4.0], dtype=torch.float64)
+
+    def model(y):
+        rate = pt.sample("rate", dist.Gamma(torch.tensor(2.0, dtype=y.dtype), 1.0))
+        with pt.plate("n", len(y)):
+            pt.sample("y", dist.Poisson(rate), obs=y)
+
+    alpha, beta = 2.0 + float(y.sum()), 1.0 + len(y)
+    guide = AutoLaplaceApproximation(model)
+    params = fit(model, guide, (y,), steps=1500, lr=0.05, final_lr=1e-4)
+    assert abs(float(params["auto.loc"][0]) - math.log(alpha / beta)) < 1e-4
+    laplace = guide.laplace_approximation(y, params=params)
+    variance = float(laplace.get_posterior(None).covariance_matrix[0, 0])
+    assert abs(variance - 1 / alpha) < 1e-4
+
+
+@pytest.mark.slow
+def test_iaf_fits_correlated_gaussian():
+    mean = torch.tensor([1.0, -1.0])
+    cov = torch.tensor([[1.0, 0.8], [0.8, 1.0]])
+
+    def model():
+        pt.sample("x", dist.MultivariateNormal(mean, cov))
+
+    guide = AutoIAFNormal(model, hidden_dims=[16])
+    params = fit(model, guide, steps=2000, lr=0.01, final_lr=1e-3)
+    draws = guide.sample_posterior(5000, params, seed=0)["x"]
+    sd = draws.std(0)
+    corr = torch.corrcoef(draws.T)[0, 1]
+    assert ((draws.mean(0) - mean).abs() < 0.2).all(), draws.mean(0)
+    assert ((sd - 1).abs() < 0.2).all(), sd
+    assert abs(float(corr) - 0.8) < 0.15, corr
+    assert guide.median(params)["x"].shape == (2,)
+    assert guide.quantiles([0.1, 0.9], params)["x"].shape == (2, 2)
+
+
+def test_iaf_transform_inverts_and_is_autoregressive():
+    def model():
+        pt.sample("x", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+
+    guide = AutoIAFNormal(model, hidden_dims=[7, 5], num_transforms=2)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        _run_guide(guide)
+    params = {k: v.detach() + 0.3 * torch.randn(v.shape) for k, v in store.items()}
+    posterior = guide.get_posterior(params)
+    x = torch.randn(5, 3)
+    for t in posterior.transforms[:-1]:
+        t = t.with_cache(0)
+        y = t(x)
+        torch.testing.assert_close(t.inv(y), x, atol=1e-5, rtol=1e-5)
+        jac = torch.autograd.functional.jacobian(t, x[0])
+        assert torch.allclose(
+            jac.triu(1) if t.permutation is None else jac.flip(1).triu(1), torch.zeros(3, 3)
+        )
+        torch.testing.assert_close(
+            t.log_abs_det_jacobian(x[0], y[0]), torch.linalg.slogdet(jac).logabsdet
+        )
+
+
+@pytest.mark.parametrize("guide_class", [AutoNormal, AutoDiagonalNormal, AutoIAFNormal])
+def test_vectorized_particles(guide_class):
+    # ELBO particles run in an outer plate; flat guides align their batch dims with plates.
+    y, mask, _ = normal_means_data()
+    guide = guide_class(normal_means_masked)
+    svi = SVI(
+        normal_means_masked,
+        guide,
+        pt.optim.Adam(lr=0.01),
+        Trace_ELBO(num_particles=4),
+        compile=False,
+    )
+    result = svi.run(5, y, mask, progress_bar=False)
+    assert torch.isfinite(result.losses).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guide_class", [AutoNormal, AutoMultivariateNormal])
+def test_compiled_svi_matches_eager(guide_class):
+    X, y, _, _ = regression_data()
+    losses = []
+    for compile in (False, True):
+        guide = guide_class(regression)
+        svi = SVI(regression, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=compile)
+        losses.append(svi.run(8, X, y, progress_bar=False).losses)
+    torch.testing.assert_close(losses[0], losses[1])

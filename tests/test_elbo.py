@@ -1,0 +1,349 @@
+"""ELBO estimators: exact values, unbiased gradients (z-tests against closed forms), the IWAE
+bound, subsampling, and the guide/model checks (errors naming the site)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.distributions import constraints
+from probtorch.inference import RenyiELBO, Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    torch.set_default_dtype(torch.float64)
+
+
+# -- exact values -----------------------------------------------------------------------------
+def _conjugate_model(x):
+    z = pt.sample("z", dist.Normal(0.0, 1.0))
+    pt.sample("x", dist.Normal(z, 1.0), obs=x)
+
+
+def _exact_posterior_guide(x):
+    # z | x ~ N(x / 2, 1 / 2): every importance weight equals the evidence p(x)
+    pt.sample("z", dist.Normal(x / 2, 0.5**0.5))
+
+
+@pytest.mark.parametrize(
+    "elbo",
+    [
+        Trace_ELBO(num_particles=7),
+        Trace_ELBO(num_particles=3, vectorize_particles=False),
+        TraceGraph_ELBO(num_particles=4),
+        RenyiELBO(alpha=0.0, num_particles=5),
+        RenyiELBO(alpha=0.5, num_particles=3),
+        RenyiELBO(alpha=0.0, num_particles=3, vectorize_particles=False),
+    ],
+    ids=lambda e: f"{type(e).__name__}-{e.num_particles}-{e.vectorize_particles}",
+)
+def test_exact_posterior_gives_the_evidence(elbo):
+    x = torch.tensor(1.3)
+    log_evidence = dist.Normal(0.0, 2**0.5).log_prob(x)
+    torch.manual_seed(0)
+    assert elbo.loss(_conjugate_model, _exact_posterior_guide, x) == pytest.approx(
+        -float(log_evidence), abs=1e-12
+    )
+
+
+def test_mean_field_uses_the_analytic_kl():
+    def model():
+        pt.sample("z", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+
+    def guide():
+        pt.sample("z", dist.Normal(torch.tensor([1.0, 0.0, -2.0]), 2.0).to_event(1))
+
+    kl = float(
+        torch.distributions.kl_divergence(dist.Normal(torch.tensor([1.0, 0.0, -2.0]), 2.0),
+                                          dist.Normal(0.0, 1.0)).sum()
+    )
+    for _ in range(3):  # no Monte Carlo noise at all
+        assert TraceMeanField_ELBO(num_particles=2).loss(model, guide) == pytest.approx(kl)
+
+
+# -- unbiased gradients ---------------------------------------------------------------------
+X = torch.tensor([0.7, -1.2], dtype=torch.float64)
+SIGMA = 0.8
+
+
+def _gauss_model(x):
+    with pt.plate("d", 2):
+        z = pt.sample("z", dist.Normal(0.0, 1.0))
+        pt.sample("x", dist.Normal(z, SIGMA), obs=x)
+
+
+def _gauss_guide(reparam: bool):
+    def guide(x):
+        m = pt.param("m", torch.tensor([0.3, -0.4]))
+        s = pt.param("s", torch.tensor([0.5, 1.5]), constraint=constraints.positive)
+        with pt.plate("d", 2):
+            fn = dist.Normal(m, s)
+            pt.sample("z", fn if reparam else fn.has_rsample_(False))
+
+    return guide
+
+
+def _gauss_exact_loss(m, log_s):
+    s = log_s.exp()
+    prior = -0.5 * LOG_2PI - 0.5 * (m**2 + s**2)
+    lik = -0.5 * LOG_2PI - math.log(SIGMA) - 0.5 * ((X - m) ** 2 + s**2) / SIGMA**2
+    entropy = 0.5 * (LOG_2PI + 1) + log_s
+    return -(prior + lik + entropy).sum()
+
+
+def _z_scores(elbo, model, guide, args, exact_loss, num_batches):
+    """z-scores of the mean of ``num_batches`` gradient estimates against the exact gradient."""
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        elbo.loss(model, guide, *args)  # create the params
+    names = list(store.keys())
+    leaves = [store.unconstrained(n) for n in names]
+    exact = torch.autograd.grad(exact_loss(*leaves), leaves)
+    estimates = []
+    with pt.param_scope(store):
+        for _ in range(num_batches):
+            loss = elbo.differentiable_loss(model, guide, *args)
+            grads = torch.autograd.grad(loss, leaves)
+            estimates.append(torch.cat([g.reshape(-1) for g in grads]))
+    estimates = torch.stack(estimates)
+    exact = torch.cat([g.reshape(-1) for g in exact])
+    se = estimates.std(0) / num_batches**0.5
+    return (estimates.mean(0) - exact) / se
+
+
+@pytest.mark.parametrize(
+    "elbo", [Trace_ELBO(num_particles=50), TraceMeanField_ELBO(num_particles=50)],
+    ids=["Trace_ELBO", "TraceMeanField_ELBO"],
+)
+def test_reparameterized_gradient_is_unbiased(elbo):
+    torch.manual_seed(0)
+    z = _z_scores(elbo, _gauss_model, _gauss_guide(True), (X,), _gauss_exact_loss, 100)
+    assert z.abs().max() < 4.5, z
+
+
+@pytest.mark.slow
+def test_score_function_gradient_is_unbiased_for_a_normal():
+    # has_rsample_(False) holds on a distribution that is not expanded, so the particles
+    # run one after another here (a particle plate would expand the site).
+    torch.manual_seed(1)
+    elbo = TraceGraph_ELBO(num_particles=20, vectorize_particles=False)
+    z = _z_scores(elbo, _gauss_model, _gauss_guide(False), (X,), _gauss_exact_loss, 60)
+    assert z.abs().max() < 4.5, z
+
+
+XB = torch.tensor([0.1, 2.5, -0.3, 1.9], dtype=torch.float64)
+
+
+def _mixed_model(x):
+    mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+    with pt.plate("n", len(x)):
+        z = pt.sample("z", dist.Bernoulli(0.3))
+        pt.sample("x", dist.Normal(mu + 2 * z, 1.0), obs=x)
+
+
+def _mixed_guide(baseline):
+    def guide(x):
+        m = pt.param("m", torch.tensor(0.4))
+        s = pt.param("s", torch.tensor(0.7), constraint=constraints.positive)
+        theta = pt.param("theta", torch.tensor([-1.0, 0.5, 0.0, 1.0]))
+        pt.sample("mu", dist.Normal(m, s))
+        with pt.plate("n", len(x)):
+            pt.sample("z", dist.Bernoulli(logits=theta), infer={"baseline": baseline})
+
+    return guide
+
+
+def _mixed_exact_loss(m, log_s, theta):
+    s = log_s.exp()
+    elbo = -0.5 * LOG_2PI - 0.5 * (m**2 + s**2) + 0.5 * (LOG_2PI + 1) + log_s
+    q1 = torch.sigmoid(theta)
+    for z, qz in ((1.0, q1), (0.0, 1 - q1)):
+        log_prior = math.log(0.3 if z else 0.7)
+        lik = -0.5 * LOG_2PI - 0.5 * ((XB - m - 2 * z) ** 2 + s**2)
+        elbo = elbo + (qz * (log_prior - qz.log() + lik)).sum()
+    return -elbo
+
+
+@pytest.mark.parametrize(
+    "baseline",
+    [{}, {"use_decaying_avg_baseline": True, "baseline_beta": 0.8}],
+    ids=["no-baseline", "decaying-average"],
+)
+def test_tracegraph_gradient_is_unbiased_with_discrete_sites(baseline):
+    torch.manual_seed(2)
+    elbo = TraceGraph_ELBO(num_particles=50)
+    z = _z_scores(elbo, _mixed_model, _mixed_guide(baseline), (XB,), _mixed_exact_loss, 100)
+    assert z.abs().max() < 4.5, z
+
+
+def test_tracegraph_neural_baseline_is_fitted():
+    net = torch.nn.Linear(1, 1)
+
+    def guide(x):
+        pt.module("baseline", net)
+        theta = pt.param("theta", torch.zeros(len(x)))
+        pt.sample("mu", dist.Normal(pt.param("m", torch.tensor(0.0)), 1.0))
+        with pt.plate("n", len(x)):
+            pt.sample(
+                "z",
+                dist.Bernoulli(logits=theta),
+                infer={"baseline": {"nn_baseline": lambda u: net(u)[..., 0],
+                                    "nn_baseline_input": x.unsqueeze(-1)}},
+            )
+
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        loss = TraceGraph_ELBO().differentiable_loss(_mixed_model, guide, XB)
+        (grad,) = torch.autograd.grad(loss, [store.unconstrained("baseline$$$weight")])
+    assert bool(grad.abs().sum() > 0)
+
+
+# -- the IWAE bound ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_renyi_alpha_zero_is_the_iwae_bound():
+    """E[loss] of RenyiELBO(alpha=0, K) equals a brute-force E[-log mean_k w_k]."""
+    x, num_particles, draws = torch.tensor(1.0), 5, 400
+
+    def guide(x):
+        pt.sample("z", dist.Normal(0.0, 1.0))
+
+    torch.manual_seed(3)
+    elbo = RenyiELBO(alpha=0.0, num_particles=num_particles)
+    losses = torch.tensor([elbo.loss(_conjugate_model, guide, x) for _ in range(draws)])
+    # brute force: z_k ~ q = N(0, 1), log w_k = log p(z_k) + log p(x | z_k) - log q(z_k)
+    z = torch.randn(20000, num_particles, generator=torch.Generator().manual_seed(4))
+    log_w = dist.Normal(z, 1.0).log_prob(x)
+    brute = -(torch.logsumexp(log_w, -1) - math.log(num_particles))
+    se = (losses.var() / draws + brute.var() / len(brute)) ** 0.5
+    assert abs(losses.mean() - brute.mean()) / se < 4.5
+    # and the bound is tighter than the ELBO (which is -E[log w] = brute force with K=1)
+    assert brute.mean() < -log_w.mean()
+
+
+def test_renyi_alpha_one_is_rejected():
+    with pytest.raises(ValueError, match="Trace_ELBO"):
+        RenyiELBO(alpha=1.0)
+
+
+# -- subsampling ------------------------------------------------------------------------------
+def test_subsampled_elbo_averages_to_the_full_elbo():
+    x = torch.tensor([0.3, -1.0, 2.0, 0.5, 1.5, -0.7])
+
+    def model(x, subsample_size):
+        z = pt.sample("z", dist.Normal(0.0, 2.0))
+        with pt.plate("n", len(x), subsample_size=subsample_size) as idx:
+            pt.sample("x", dist.Normal(z, 1.0), obs=x[idx])
+
+    def guide(x, subsample_size):
+        pt.sample("z", dist.Delta(torch.tensor(0.4)))
+
+    elbo = Trace_ELBO()
+    full = elbo.loss(model, guide, x, len(x))
+    subsets = list(itertools.combinations(range(len(x)), 2))
+    losses = []
+    for subset in subsets:
+        fixed = pt.handlers.substitute(model, data={"n": torch.tensor(subset)})
+        losses.append(elbo.loss(fixed, guide, x, 2))
+    assert sum(losses) / len(losses) == pytest.approx(full, rel=1e-12)
+    assert min(losses) != max(losses)
+
+
+# -- checks -----------------------------------------------------------------------------------
+def _model3(x=None):
+    scale = pt.sample("scale", dist.HalfNormal(1.0))
+    with pt.plate("n", 3):
+        pt.sample("z", dist.Normal(0.0, scale))
+
+
+def test_missing_guide_site():
+    def guide(x=None):
+        pt.sample("scale", dist.LogNormal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match="latent site 'z' of the model .* not sampled by the"):
+        Trace_ELBO().loss(_model3, guide)
+
+
+def test_guide_site_not_in_the_model():
+    def guide(x=None):
+        pt.sample("scale", dist.LogNormal(0.0, 1.0))
+        with pt.plate("n", 3):
+            pt.sample("z", dist.Normal(0.0, 1.0))
+        pt.sample("extra", dist.Normal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match="guide samples site 'extra', which is not a sample site"):
+        Trace_ELBO().loss(_model3, guide)
+
+
+def test_guide_support_outside_the_model_support():
+    def guide(x=None):
+        pt.sample("scale", dist.Normal(1.0, 1.0))
+        with pt.plate("n", 3):
+            pt.sample("z", dist.Normal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match=r"site 'scale': the guide's Normal has support Real\(\)"
+                       r".*model's HalfNormal has support GreaterThanEq"):
+        Trace_ELBO().loss(_model3, guide)
+
+
+def test_guide_support_inside_the_model_support_is_fine():
+    def guide(x=None):
+        pt.sample("scale", dist.LogNormal(0.0, 1.0))  # (0, inf) inside [0, inf)
+        with pt.plate("n", 3):
+            pt.sample("z", dist.Normal(0.0, 1.0))
+
+    assert math.isfinite(Trace_ELBO().loss(_model3, guide))
+
+
+def test_guide_site_with_the_wrong_shape():
+    def guide(x=None):
+        pt.sample("scale", dist.LogNormal(0.0, 1.0))
+        pt.sample("z", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+
+    with pytest.raises(ValueError, match=r"site 'z': the guide draws values of shape \(2,\).*"
+                       r"model's site has shape \(3,\)"):
+        Trace_ELBO().loss(_model3, guide)
+
+
+def test_non_reparameterized_guide_site_needs_tracegraph():
+    def model():
+        pt.sample("k", dist.Bernoulli(0.5))
+
+    def guide():
+        pt.sample("k", dist.Bernoulli(0.3))
+
+    for elbo in (Trace_ELBO(), TraceMeanField_ELBO(), RenyiELBO()):
+        with pytest.raises(ValueError, match="guide site 'k' .*not reparameterizable.*"
+                           "TraceGraph_ELBO"):
+            elbo.loss(model, guide)
+    assert math.isfinite(TraceGraph_ELBO().loss(model, guide))
+
+
+def test_guide_samples_an_observed_site():
+    def guide(x):
+        pt.sample("z", dist.Normal(0.0, 1.0))
+        pt.sample("x", dist.Normal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match="guide samples site 'x', which the model observes"):
+        Trace_ELBO().loss(_conjugate_model, guide, torch.tensor(0.0))
+
+
+def test_unvectorizable_model_gets_a_hint():
+    data = torch.randn(5, 3)
+
+    def model():
+        w = pt.sample("w", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+        with pt.plate("n", 5):
+            pt.sample("y", dist.Normal(data @ w, 1.0), obs=torch.zeros(5))
+
+    def guide():
+        pt.sample("w", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+
+    with pytest.raises(ValueError, match="particles at once failed.*vectorize_particles=False"):
+        Trace_ELBO(num_particles=4).loss(model, guide)
+    assert math.isfinite(Trace_ELBO(num_particles=4, vectorize_particles=False).loss(model, guide))

@@ -1,0 +1,86 @@
+"""probtorch.optim: the functional updates equal torch.optim's (and Pyro's ClippedAdam) step by
+step; factories build torch optimizers; schedules follow torch's schedulers."""
+
+import pytest
+import torch
+from pyro.optim.clipped_adam import ClippedAdam as PyroClippedAdam
+from torch.optim.lr_scheduler import ExponentialLR, ReduceLROnPlateau, StepLR
+
+import probtorch as pt
+
+CASES = [
+    (pt.optim.Adam, {"lr": 0.1}),
+    (pt.optim.Adam, {"lr": 0.05, "betas": (0.8, 0.99), "weight_decay": 0.1, "amsgrad": True}),
+    (pt.optim.Adam, {"lr": 0.05, "maximize": True, "eps": 1e-3}),
+    (pt.optim.AdamW, {"lr": 0.05, "weight_decay": 0.3}),
+    (pt.optim.SGD, {"lr": 0.1}),
+    (pt.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+    (pt.optim.SGD, {"lr": 0.1, "momentum": 0.5, "dampening": 0.3}),
+    (pt.optim.RMSprop, {"lr": 0.01}),
+    (pt.optim.RMSprop, {"lr": 0.01, "centered": True, "momentum": 0.7, "weight_decay": 0.1}),
+    (pt.optim.ClippedAdam, {"lr": 0.05, "clip_norm": 0.5, "lrd": 0.9, "weight_decay": 0.1}),
+    (pt.optim.ClippedAdam, {"lr": 0.05, "centered_variance": True}),
+]
+
+
+@pytest.mark.parametrize("factory,kwargs", CASES, ids=lambda c: str(c))
+def test_functional_update_equals_torch_optimizer(factory, kwargs):
+    """Two tensors through the torch optimizer vs. their concatenation through ``update``."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 2, generator=generator, dtype=torch.float64)
+    b = torch.randn(4, generator=generator, dtype=torch.float64)
+    leaves = [a.clone().requires_grad_(True), b.clone().requires_grad_(True)]
+    opt = factory(**kwargs)
+    torch_opt = opt(leaves)
+    expected_class = PyroClippedAdam if factory is pt.optim.ClippedAdam else factory.torch_class
+    assert type(torch_opt) is expected_class
+    flat = torch.cat([a.reshape(-1), b])
+    state = opt.init(flat)
+    lr = torch.tensor(kwargs["lr"], dtype=torch.float64)
+    for _ in range(6):
+        grads = [torch.randn(x.shape, generator=generator, dtype=torch.float64) for x in leaves]
+        for leaf, grad in zip(leaves, grads):
+            leaf.grad = grad.clone()
+        torch_opt.step()
+        flat, state = opt.update(flat, torch.cat([g.reshape(-1) for g in grads]), state, lr)
+        expected = torch.cat([leaf.detach().reshape(-1) for leaf in leaves])
+        torch.testing.assert_close(flat, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_unknown_argument_is_rejected():
+    with pytest.raises(TypeError, match="unexpected keyword.*betaz"):
+        pt.optim.Adam(lr=0.1, betaz=(0.9, 0.9))
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        pt.optim.SGD(lr=-1.0)
+    with pytest.raises(ValueError, match="clip_norm"):
+        pt.optim.ClippedAdam(clip_norm=0.0)
+
+
+def test_implementation_arguments_pass_through_to_torch():
+    opt = pt.optim.Adam(lr=0.1, foreach=False)
+    torch_opt = opt([torch.zeros(2, requires_grad=True)])
+    assert torch_opt.defaults["foreach"] is False
+
+
+def test_scheduler_learning_rates_follow_torch():
+    opt = pt.optim.scheduler(ExponentialLR, pt.optim.Adam(lr=0.5), gamma=0.9)
+    lrs = opt.learning_rates(3) + opt.learning_rates(2)
+    assert lrs == pytest.approx([0.5 * 0.9**k for k in range(5)])
+    # the factory builds a torch scheduler over a torch optimizer
+    torch_sched = opt([torch.zeros(1, requires_grad=True)])
+    assert isinstance(torch_sched, ExponentialLR)
+    assert isinstance(torch_sched.optimizer, torch.optim.Adam)
+
+
+def test_step_lr_and_plateau():
+    step = pt.optim.scheduler(StepLR, pt.optim.SGD(lr=1.0), step_size=2, gamma=0.1)
+    assert step.learning_rates(5) == pytest.approx([1.0, 1.0, 0.1, 0.1, 0.01])
+    plateau = pt.optim.scheduler(ReduceLROnPlateau, pt.optim.Adam(lr=1.0), patience=1, factor=0.5)
+    assert plateau.learning_rates(2) == [1.0, 1.0]
+    plateau.observe([3.0, 3.0, 3.0])  # no improvement: reduced once patience is exceeded
+    assert plateau.lr == 0.5
+
+
+def test_scheduler_needs_a_probtorch_optimizer():
+    with pytest.raises(TypeError, match="probtorch optimizer"):
+        pt.optim.scheduler(StepLR, torch.optim.Adam, step_size=1)

@@ -1,0 +1,251 @@
+"""Predictive: prior and posterior predictive draws, batched and looped."""
+
+import math
+
+import pytest
+import torch
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.inference.autoguide import AutoMultivariateNormal, AutoNormal
+from probtorch.inference.predictive import Predictive
+
+PRIOR_LOC, PRIOR_SD, NOISE = 1.0, 2.0, 0.5
+
+
+def model(n, y=None):
+    mu = pt.sample("mu", dist.Normal(PRIOR_LOC, PRIOR_SD))
+    pt.deterministic("twice", 2 * mu)
+    with pt.plate("data", n):
+        pt.sample("y", dist.Normal(mu, NOISE), obs=y)
+
+
+def hierarchical(n_obs, n_groups, y=None):
+    """Two plates with automatic dims, and a vector (event) site."""
+    mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+    w = pt.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with pt.plate("groups", n_groups):
+        theta = pt.sample("theta", dist.Normal(mu, 1.0))
+        with pt.plate("obs", n_obs):
+            pt.sample("y", dist.Normal(theta + w.sum(-1), NOISE), obs=y)
+    with pt.plate("groups", n_groups):
+        pt.sample("v", dist.MultivariateNormal(w + mu.unsqueeze(-1), torch.eye(2)))
+
+
+def regression(X, y=None):
+    beta = pt.sample("beta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with pt.plate("n", X.shape[0]):
+        pt.sample("y", dist.Normal(X @ beta, 1.0), obs=y)  # X @ beta: not batchable
+
+
+def _z(sample_mean, mean, sd, n):
+    return (sample_mean - mean) / (sd / math.sqrt(n))
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_prior_predictive_moments(parallel):
+    num = 4000 if parallel else 1000
+    out = Predictive(model, num_samples=num, parallel=parallel)(3, seed=0)
+    assert set(out) == {"mu", "twice", "y"}
+    assert out["mu"].shape == (num,) and out["y"].shape == (num, 3)
+    torch.testing.assert_close(out["twice"], 2 * out["mu"])
+    var = PRIOR_SD**2 + NOISE**2
+    y = out["y"].double()
+    assert (_z(y.mean(0), PRIOR_LOC, math.sqrt(var), num).abs() < 4).all()
+    # sample variance: sd of the estimate is var * sqrt(2 / num)
+    assert ((y.var(0) - var).abs() < 4 * var * math.sqrt(2 / num)).all()
+    cov = torch.cov(y.T)[0, 1]
+    assert abs(cov - PRIOR_SD**2) < 4 * var * math.sqrt(2 / num)
+
+
+def test_observations_are_resampled():
+    samples = {"mu": torch.full((50,), -3.0)}
+    y_obs = torch.full((4,), 100.0)
+    out = Predictive(model, posterior_samples=samples)(4, y=y_obs, seed=0)
+    assert out["y"].shape == (50, 4)
+    assert ((out["y"] + 3.0).abs() < 5 * NOISE).all()
+
+
+def test_obs_broadcast_without_plate_keeps_data_shape():
+    def m(y=None):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        pt.sample("y", dist.Normal(mu, 1.0), obs=y)  # y of shape (5,), no plate
+
+    out = Predictive(m, num_samples=7)(y=torch.zeros(5), seed=0)
+    assert out["y"].shape == (7, 5)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_posterior_predictive_from_samples(parallel):
+    # Deterministic construction: y - mu is N(0, NOISE) for every sample; the deterministic
+    # site equals its formula on the given draws exactly.
+    g = torch.Generator().manual_seed(0)
+    mu = 3 * torch.randn(2000, generator=g)
+    out = Predictive(model, posterior_samples={"mu": mu}, parallel=parallel)(6, seed=1)
+    assert set(out) == {"twice", "y"}
+    torch.testing.assert_close(out["twice"], 2 * mu)
+    resid = ((out["y"] - mu[:, None]) / NOISE).double()
+    assert abs(float(resid.mean())) < 4 / math.sqrt(resid.numel())
+    assert abs(float(resid.std()) - 1) < 0.05
+    # the draws of one sample are independent of the others: correlation with mu ~ 0
+    corr = torch.corrcoef(torch.stack([resid[:, 0], mu.double()]))[0, 1]
+    assert abs(float(corr)) < 4 / math.sqrt(2000)
+
+
+def test_parallel_and_loop_agree_on_nested_plates():
+    g = torch.Generator().manual_seed(2)
+    S, n_obs, n_groups = 3000, 4, 3
+    samples = {
+        "mu": torch.randn(S, generator=g),
+        "w": torch.randn(S, 2, generator=g),
+        "theta": torch.randn(S, n_groups, generator=g),
+    }
+    outs = [
+        Predictive(hierarchical, posterior_samples=samples, parallel=p)(n_obs, n_groups, seed=3)
+        for p in (True, False)
+    ]
+    for out in outs:
+        assert set(out) == {"y", "v"}
+        assert out["y"].shape == (S, n_obs, n_groups)
+        assert out["v"].shape == (S, n_groups, 2)
+        # residuals given the substituted latents are exactly distributed as the noise
+        mean_y = samples["theta"][:, None, :] + samples["w"].sum(-1)[:, None, None]
+        r = ((out["y"] - mean_y) / NOISE).double()
+        assert abs(float(r.mean())) < 4 / math.sqrt(r.numel())
+        assert abs(float(r.std()) - 1) < 0.03
+        rv = (out["v"] - samples["w"][:, None, :] - samples["mu"][:, None, None]).double()
+        assert abs(float(rv.std()) - 1) < 0.03
+        assert abs(float(torch.corrcoef(rv.reshape(-1, 2).T)[0, 1])) < 0.05
+
+
+def test_parallel_equals_loop_for_deterministic_model():
+    # With the noise at (almost) zero, batched and looped runs give the same values.
+    def m(x):
+        a = pt.sample("a", dist.Normal(0.0, 1.0))
+        with pt.plate("n", len(x)):
+            pt.sample("y", dist.Normal(a * x, 1e-6))
+        return a
+
+    samples = {"a": torch.linspace(-2, 2, 9)}
+    x = torch.arange(4.0)
+    batched = Predictive(m, posterior_samples=samples)(x, seed=0)
+    looped = Predictive(m, posterior_samples=samples, parallel=False)(x, seed=0)
+    torch.testing.assert_close(batched["y"], looped["y"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(batched["y"], samples["a"][:, None] * x, atol=1e-4, rtol=0)
+
+
+def test_seed_reproducible_and_global_rng_untouched():
+    p = Predictive(model, num_samples=20)
+    state = torch.random.get_rng_state()
+    a, b = p(3, seed=5), p(3, seed=5)
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert torch.equal(a["y"], b["y"])
+    assert not torch.equal(a["y"], p(3, seed=6)["y"])
+    torch.manual_seed(0)
+    c = p(3)
+    torch.manual_seed(0)
+    assert torch.equal(c["y"], p(3)["y"])  # without seed=: torch's global generator
+
+
+def test_return_sites():
+    samples = {"mu": torch.zeros(5)}
+    out = Predictive(model, posterior_samples=samples, return_sites=["mu", "y"])(2, seed=0)
+    assert set(out) == {"mu", "y"}
+    assert torch.equal(out["mu"], samples["mu"])  # latent sites return the given draws
+    out = Predictive(model, num_samples=5, return_sites=["twice"])(2, seed=0)
+    assert set(out) == {"twice"}
+    with pytest.raises(ValueError, match=r"return_sites \['nope'\] are not sample or"):
+        Predictive(model, num_samples=5, return_sites=["nope"])(2)
+
+
+def test_guide_predictive_shapes():
+    y = torch.randn(6, 3)
+    guide = AutoNormal(hierarchical)
+    store = pt.ParamStore()
+    with pt.param_scope(store), pt.handlers.seed(rng_seed=0):
+        guide(6, 3, y=y)
+    params = dict(store.items())
+    for parallel in (True, False):
+        pred = Predictive(
+            hierarchical, guide=guide, params=params, num_samples=40, parallel=parallel
+        )
+        out = pred(6, 3, seed=0)
+        assert set(out) == {"y"}  # all latent sites come from the guide
+        assert out["y"].shape == (40, 6, 3)
+        out = Predictive(
+            hierarchical, guide=guide, params=params, num_samples=40, return_sites=["theta", "v"]
+        )(6, 3, seed=0)
+        assert out["theta"].shape == (40, 3) and out["v"].shape == (40, 3, 2)
+    # the guide's draws: theta is close to the guide's location (scale 0.1)
+    loc = params["auto.loc.theta"]
+    assert ((out["theta"].mean(0) - loc).abs() < 0.1).all()
+
+
+def test_guide_predictive_unfitted_guide_is_set_up():
+    guide = AutoMultivariateNormal(model)
+    with pytest.raises(KeyError, match="fit the guide first"):
+        Predictive(model, guide=guide, num_samples=3)(2)
+    assert guide.prototype_trace is not None  # Predictive traced the model for the guide
+
+
+def test_custom_guide_predictive():
+    def guide(n, y=None):
+        loc = pt.param("loc", torch.tensor(10.0))
+        pt.sample("mu", dist.Normal(loc, 0.01))
+
+    params = {"loc": torch.tensor(-4.0)}
+    for parallel in (True, False):
+        pred = Predictive(model, guide=guide, params=params, num_samples=30, parallel=parallel)
+        out = pred(5, seed=0)
+        assert out["y"].shape == (30, 5)
+        torch.testing.assert_close(out["twice"], torch.full((30,), -8.0), atol=0.2, rtol=0)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="needs num_samples"):
+        Predictive(model)
+    with pytest.raises(ValueError, match="needs num_samples"):
+        Predictive(model, guide=lambda n: None)
+    bad = {"mu": torch.zeros(10), "tau": torch.zeros(8)}
+    with pytest.raises(ValueError, match="'mu': 10, 'tau': 8"):
+        Predictive(model, posterior_samples=bad)
+    with pytest.raises(ValueError, match="not both"):
+        Predictive(model, posterior_samples={"mu": torch.zeros(3)}, guide=lambda n: None)
+    with pytest.raises(ValueError, match="num_samples=5 but posterior_samples hold 3"):
+        Predictive(model, posterior_samples={"mu": torch.zeros(3)}, num_samples=5)
+    with pytest.raises(ValueError, match="'mu'.*leading sample"):
+        Predictive(model, posterior_samples={"mu": torch.tensor(0.0)})
+
+
+def test_unbatchable_model_error_and_loop_fallback():
+    X = torch.randn(5, 3)
+    samples = {"beta": torch.randn(4, 3)}
+    with pytest.raises(RuntimeError, match="parallel=False"):
+        Predictive(regression, posterior_samples=samples)(X, seed=0)
+    out = Predictive(regression, posterior_samples=samples, parallel=False)(X, seed=0)
+    assert out["y"].shape == (4, 5)
+
+
+def test_posterior_predictive_from_mcmc():
+    from probtorch.inference import MCMC, NUTS
+
+    y = torch.tensor([1.0, 1.2, 0.8])
+    mcmc = MCMC(
+        NUTS(model, compile=False),
+        num_warmup=200,
+        num_samples=250,
+        num_chains=2,
+        progress_bar=False,
+        seed=0,
+    )
+    mcmc.run(3, y=y)
+    samples = mcmc.get_samples()
+    out = Predictive(model, posterior_samples=samples)(3, seed=0)
+    assert set(out) == {"twice", "y"} and out["y"].shape == (500, 3)
+    torch.testing.assert_close(out["twice"], 2 * samples["mu"])
+    # exact posterior predictive: N(m, 1/prec + NOISE^2) with prec = 1/PRIOR_SD^2 + n/NOISE^2
+    prec = 1 / PRIOR_SD**2 + 3 / NOISE**2
+    m = (PRIOR_LOC / PRIOR_SD**2 + float(y.sum()) / NOISE**2) / prec
+    sd = math.sqrt(1 / prec + NOISE**2)
+    assert abs(float(out["y"].mean()) - m) < 0.15
+    assert abs(float(out["y"].std()) / sd - 1) < 0.15

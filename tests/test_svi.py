@@ -1,0 +1,299 @@
+"""SVI: exact posterior recovery, the compiled step (no graph breaks, no recompiles, the same
+losses as eager), parameter ownership, continuation, interrupts and non-finite losses."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch.optim.lr_scheduler import ExponentialLR
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.distributions import constraints
+from probtorch.inference import SVI, Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
+from probtorch.inference.compile import count_compiles
+from probtorch.inference.svi import NonFiniteLossError
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    torch.set_default_dtype(torch.float64)
+
+
+def normal_model(y):
+    mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+    with pt.plate("n", len(y)):
+        pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def normal_guide(y):
+    loc = pt.param("loc", torch.tensor(0.0))
+    scale = pt.param("scale", torch.tensor(1.0), constraint=constraints.positive)
+    pt.sample("mu", dist.Normal(loc, scale))
+
+
+def _data(n=20):
+    return 1.5 + torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+def _posterior(y):
+    precision = 1 / 10.0**2 + len(y)
+    return float(y.sum() / precision), precision**-0.5
+
+
+@pytest.mark.parametrize("elbo", [Trace_ELBO(num_particles=8), TraceMeanField_ELBO(8)],
+                         ids=["Trace_ELBO", "TraceMeanField_ELBO"])
+def test_conjugate_normal_recovers_the_exact_posterior(elbo):
+    y = _data()
+    mean, sd = _posterior(y)
+    optim = pt.optim.scheduler(ExponentialLR, pt.optim.Adam(lr=0.05), gamma=0.01 ** (1 / 2500))
+    svi = SVI(normal_model, normal_guide, optim, elbo, compile=False, seed=1)
+    result = svi.run(2500, y, progress_bar=False)
+    assert abs(float(result.params["loc"]) - mean) < 0.1 * sd
+    assert abs(float(result.params["scale"]) / sd - 1) < 0.1
+    assert result.losses.shape == (2500,)
+    assert bool(torch.isfinite(result.losses).all())
+
+
+# -- the compiled step ----------------------------------------------------------------------
+def regression_model(x, y):
+    w = pt.sample("w", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+    sigma = pt.sample("sigma", dist.HalfNormal(1.0))
+    with pt.plate("n", len(y)):
+        pt.sample("y", dist.Normal((x * w.unsqueeze(-2)).sum(-1), sigma), obs=y)
+
+
+def regression_guide(x, y):
+    loc = pt.param("w_loc", torch.zeros(3))
+    scale = pt.param("w_scale", torch.ones(3), constraint=constraints.positive)
+    pt.sample("w", dist.Normal(loc, scale).to_event(1))
+    s_loc = pt.param("s_loc", torch.tensor(0.0))
+    pt.sample("sigma", dist.LogNormal(s_loc, 0.3))
+
+
+def _regression_data():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(30, 3, generator=g, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.3 * torch.randn(30, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def test_compiled_step_has_no_graph_breaks_no_recompiles_and_eager_losses():
+    x, y = _regression_data()
+
+    def make(compile):
+        optim = pt.optim.scheduler(ExponentialLR, pt.optim.Adam(lr=0.05), gamma=0.9)
+        return SVI(regression_model, regression_guide, optim, Trace_ELBO(num_particles=2),
+                   compile=compile, seed=3, steps_per_call=2)
+
+    compiled, eager = make(True), make(False)
+    with count_compiles() as first:
+        r1 = compiled.run(5, x, y, progress_bar=False)  # 2 + 2 + 1 (masked) steps
+    assert first.graph_breaks == 0
+    assert first.graphs == 1
+    # new data of the same shape and new learning rates: no recompilation
+    with count_compiles() as later, torch.compiler.set_stance("fail_on_recompile"):
+        r2 = compiled.run(6, x, y + 0.1, progress_bar=False)
+    assert later.graphs == 0 and later.graph_breaks == 0
+    e1 = eager.run(5, x, y, progress_bar=False)
+    e2 = eager.run(6, x, y + 0.1, progress_bar=False)
+    torch.testing.assert_close(r1.losses, e1.losses, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(r2.losses, e2.losses, rtol=1e-10, atol=1e-10)
+    for name in r2.params:
+        torch.testing.assert_close(r2.params[name], e2.params[name], rtol=1e-10, atol=1e-10)
+    assert not torch.equal(r1.params["w_loc"], r2.params["w_loc"])
+
+
+def mixture_model(x):
+    mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+    with pt.plate("n", len(x)):
+        z = pt.sample("z", dist.Bernoulli(0.3))
+        pt.sample("x", dist.Normal(mu + 2 * z, 1.0), obs=x)
+
+
+def test_compiled_tracegraph_with_module_and_discrete_draws_matches_eager():
+    x = torch.linspace(-1.0, 3.0, 6)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(1, 1)
+    initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+    def guide(x):
+        pt.module("net", net)
+        logits = net(x.unsqueeze(-1))[..., 0]
+        pt.sample("mu", dist.Normal(pt.param("m", torch.tensor(0.0)), 1.0))
+        with pt.plate("n", len(x)):
+            pt.sample("z", dist.Bernoulli(logits=logits),
+                      infer={"baseline": {"use_decaying_avg_baseline": True}})
+
+    results = {}
+    for compile in (False, True):
+        net.load_state_dict(initial)
+        svi = SVI(mixture_model, guide, pt.optim.Adam(lr=0.02), TraceGraph_ELBO(num_particles=3),
+                  compile=compile, seed=5, steps_per_call=1)
+        with count_compiles() as stats:
+            results[compile] = svi.run(8, x, progress_bar=False)
+        assert stats.graph_breaks == 0
+        # the module's own parameters were trained in place
+        assert not torch.equal(net.weight.detach(), initial["weight"])
+        torch.testing.assert_close(net.weight.detach(), results[compile].params["net$$$weight"])
+    torch.testing.assert_close(results[True].losses, results[False].losses, rtol=1e-10, atol=1e-10)
+
+
+# -- parameters and state -------------------------------------------------------------------
+def test_svi_objects_own_their_params_and_random_stream():
+    y = _data(5)
+    pt.param("loc", torch.tensor(7.0))  # the default store, outside inference
+    a = SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
+    b = SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    ra = a.run(20, y, progress_bar=False)
+    assert torch.equal(torch.random.get_rng_state(), before)  # the caller's stream untouched
+    assert float(b.get_params().get("loc", torch.tensor(0.0))) == 0.0  # b not initialized
+    rb = b.run(20, y, progress_bar=False)
+    torch.testing.assert_close(ra.losses, rb.losses)  # same seed, same stream
+    assert float(pt.get_param_store()["loc"].detach()) == 7.0
+    assert list(pt.get_param_store().keys()) == ["loc"]
+    assert sorted(a.param_store.keys()) == ["loc", "scale"]
+    torch.testing.assert_close(a.param_store["loc"], ra.params["loc"])
+
+
+def test_run_continues_and_restarts_from_init_params():
+    y = _data(5)
+
+    def make():
+        return SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(),
+                   compile=False)
+
+    whole = make().run(30, y, progress_bar=False)
+    split = make()
+    first = split.run(10, y, progress_bar=False)
+    second = split.run(20, y, progress_bar=False)
+    torch.testing.assert_close(torch.cat([first.losses, second.losses]), whole.losses)
+    torch.testing.assert_close(second.params["loc"], whole.params["loc"])
+    fresh = make()
+    restarted = fresh.run(1, y, progress_bar=False, init_params=whole.params)
+    assert abs(float(restarted.params["loc"]) - float(whole.params["loc"])) <= 0.1 + 1e-9
+    with pytest.raises(ValueError, match="init_params has \\['nope'\\]"):
+        fresh.run(1, y, progress_bar=False, init_params={"nope": torch.tensor(1.0)})
+
+
+def test_step_and_evaluate_loss():
+    y = _data(5)
+    svi = SVI(normal_model, normal_guide, pt.optim.SGD(lr=0.01), Trace_ELBO(), compile=False)
+    params = svi.init(y)
+    assert float(params["scale"]) == pytest.approx(1.0)
+    loss = svi.evaluate_loss(y)
+    assert svi.get_params() == params
+    assert isinstance(loss, float)
+    svi.step(y)
+    assert float(svi.get_params()["loc"]) > 0  # moved toward the data (mean 1.5)
+    assert float(svi.param_store["loc"]) == float(svi.get_params()["loc"])
+
+
+def test_module_guide_is_trained_in_place():
+    y = _data(8)
+    net = torch.nn.Linear(1, 2)
+
+    def guide(y):
+        pt.module("net", net)
+        out = net(torch.ones(1))
+        pt.sample("mu", dist.Normal(out[0], torch.nn.functional.softplus(out[1])))
+
+    svi = SVI(normal_model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(4), compile=False)
+    result = svi.run(400, y, progress_bar=False)
+    mean, _ = _posterior(y)
+    loc = float(net(torch.ones(1))[0])
+    assert abs(loc - mean) < 0.2
+    torch.testing.assert_close(result.params["net$$$bias"], net.bias.detach())
+
+
+def test_subsampled_run():
+    y = _data(40)
+
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        with pt.plate("n", len(y), subsample_size=10) as idx:
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+    optim = pt.optim.scheduler(ExponentialLR, pt.optim.Adam(lr=0.05), gamma=0.01 ** (1 / 1500))
+    svi = SVI(model, normal_guide, optim, TraceMeanField_ELBO(), compile=False)
+    result = svi.run(1500, y, progress_bar=False)
+    mean, sd = _posterior(y)
+    assert abs(float(result.params["loc"]) - mean) < 0.5 * sd  # minibatch noise
+    assert bool(torch.isfinite(result.losses).all())
+
+
+# -- interrupts and non-finite losses ------------------------------------------------------------
+def _exploding(loc_limit):
+    def model():
+        z = pt.sample("z", dist.Normal(5.0, 1.0))
+        nan, zero = torch.tensor(float("nan")), torch.tensor(0.0)
+        pt.factor("cliff", torch.where(z > loc_limit, nan, zero))
+
+    def guide():
+        pt.sample("z", dist.Normal(pt.param("loc", torch.tensor(0.0)), 1e-3))
+
+    return model, guide
+
+
+def test_nonfinite_loss_stops_the_run_with_the_last_finite_params():
+    model, guide = _exploding(1.0)
+    # SGD: loc 0 -> 1.5 after one step, where the model's factor is NaN.
+    svi = SVI(model, guide, pt.optim.SGD(lr=0.3), Trace_ELBO(), compile=False)
+    with pytest.warns(RuntimeWarning, match=r"loss is not finite \(nan\) at step 1 .*kept from "
+                      r"step 0.*site 'cliff' of the model"):
+        result = svi.run(10, progress_bar=False)
+    assert result.losses.shape == (1,)
+    assert float(result.params["loc"]) == 0.0
+    assert math.isfinite(svi.step())  # from loc=0 again
+    with pytest.raises(NonFiniteLossError, match="at step 2 .*kept from step 1"):
+        svi.step()
+    assert float(svi.get_params()["loc"]) == 0.0  # where step 1 evaluated its loss
+
+
+def test_keyboard_interrupt_returns_the_result_so_far():
+    calls = []
+
+    def guide(y):
+        calls.append(1)
+        if len(calls) == 13:  # 2 runs in init, 10 steps, then Ctrl-C
+            raise KeyboardInterrupt
+        normal_guide(y)
+
+    svi = SVI(normal_model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
+    with pytest.warns(RuntimeWarning, match="interrupted after 10 of 50 steps"):
+        result = svi.run(50, _data(5), progress_bar=False)
+    assert result.losses.shape == (10,)
+    assert set(result.params) == {"loc", "scale"}
+
+
+def test_errors_name_the_site_at_init():
+    def guide(y):
+        pt.sample("mu", dist.Bernoulli(0.5))
+
+    svi = SVI(normal_model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
+    with pytest.raises(ValueError, match="site 'mu'"):
+        svi.run(3, _data(5), progress_bar=False)
+
+
+def test_progress_bar(capsys):
+    svi = SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
+    svi.run(7, _data(5))
+    assert "loss=" in capsys.readouterr().err
+
+
+def test_autonormal_guide():
+    autoguide = pytest.importorskip("probtorch.inference.autoguide")
+    y = _data()
+    guide = autoguide.AutoNormal(normal_model)
+    optim = pt.optim.scheduler(ExponentialLR, pt.optim.Adam(lr=0.05), gamma=0.01 ** (1 / 2000))
+    svi = SVI(normal_model, guide, optim, Trace_ELBO(4), compile=False)
+    result = svi.run(2000, y, progress_bar=False)
+    mean, sd = _posterior(y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        locs = [v for k, v in result.params.items() if "loc" in k]
+    assert len(locs) == 1
+    assert abs(float(locs[0]) - mean) < 0.15 * sd
