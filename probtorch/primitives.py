@@ -305,7 +305,11 @@ class plate(Messenger):
         if current != n:
             target = list(padded)
             target[self.dim] = n
-            msg.fn = msg.fn.expand(torch.Size(target))
+            expanded = msg.fn.expand(torch.Size(target))
+            if expanded.has_rsample != msg.fn.has_rsample and hasattr(expanded, "has_rsample_"):
+                # keep a flag set by the user with Pyro's ``has_rsample_(False)``
+                expanded = expanded.has_rsample_(msg.fn.has_rsample)
+            msg.fn = expanded
         if n != self.size:
             factor = self.size / n
             msg.scale = factor if msg.scale is None else msg.scale * factor

@@ -565,3 +565,15 @@ def test_module_in_param_scope():
     assert sorted(store.keys()) == ["net$$$bias", "net$$$weight"]
     assert len(pt.get_param_store()) == 0
     assert set(map(id, store.parameters())) == {id(p) for p in net.parameters()}
+
+
+def test_plate_expansion_keeps_has_rsample_flag():
+    """A distribution marked non-reparameterized stays so when a plate expands it."""
+
+    def model():
+        with pt.plate("n", 3):
+            pt.sample("x", dist.Normal(0.0, 1.0).has_rsample_(False))
+
+    site = pt.handlers.trace(pt.handlers.seed(model, rng_seed=0)).get_trace()["x"]
+    assert site.fn.batch_shape == (3,)
+    assert site.fn.has_rsample is False
