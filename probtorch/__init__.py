@@ -15,6 +15,7 @@ Example::
 """
 
 from . import distributions, handlers, optim
+from . import nn as nn  # pt.nn; not in __all__, so `import *` does not shadow torch.nn
 from .params import ParamStore, get_param_store, param_scope
 from .primitives import (
     RandomnessError,
