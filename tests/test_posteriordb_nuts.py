@@ -9,14 +9,14 @@ num_samples=500, num_chains=4, seed=0)`` with the reference's Stan controls
   ESS our bulk ESS (ArviZ). The reference's own MCSE (about sd / 100) is small next to ours.
 - sd: within 15% of the reference sd.
 
-Covered: 10 of the 14 posteriors in tests/posteriordb_models.py (all 14 have their log
+Covered: 11 of the 14 posteriors in tests/posteriordb_models.py (all 14 have their log
 densities checked against posteriordb in tests/test_posteriordb_models.py). Left out here:
 LEFT_OUT below says why for each.
 
 Runtimes measured 2026-11-30 (seconds, compile included; 4 chains, 500 + 500; the 2-core
 machine under load, one torch thread): arK 42, mesquite 32, hmm_example 29, kidiq 28,
-dogs 20, garch11 19, eight_schools_noncentered 18, nes 18, gp_regr 13, low_dim_gauss_mix
-12; 232 s in all.
+dogs 20, eight_schools_centered 21, garch11 19, eight_schools_noncentered 18, nes 18,
+gp_regr 13, low_dim_gauss_mix 12; about 250 s in all.
 """
 
 import numpy as np
@@ -35,6 +35,7 @@ SD_RTOL = 0.15
 CASES = {
     "arK-arK": {},
     "dogs-dogs": {},
+    "eight_schools-eight_schools_centered": {},  # divergences expected (the funnel), as in Stan
     "eight_schools-eight_schools_noncentered": {},
     "garch-garch11": {},
     "gp_pois_regr-gp_regr": {},
@@ -44,6 +45,25 @@ CASES = {
     "mesquite-mesquite": {},
     "nes2000-nes": {},
 }
+
+
+# Left out of CI, each checked once by hand with the same settings (2026-11-30):
+LEFT_OUT = {
+    "gp_pois_regr-gp_pois_regr": "passes (0 divergences) but took 219 s: 11 latent GP values "
+    "behind a Cholesky, long trees",
+    "kilpisjarvi_mod-kilpisjarvi": "passes (0 divergences) but took 1333 s: intercept and "
+    "slope are correlated near -1 (unscaled years), so trees hit max_tree_depth=10 with a "
+    "diagonal metric",
+    "diamonds-diamonds": "not checked: stopped unfinished after 6 minutes (26 strongly "
+    "correlated regression coefficients with a diagonal metric mean very long trees)",
+}
+
+
+def test_every_posterior_is_covered_or_listed():
+    from posteriordb_models import NAMES
+
+    assert set(CASES) | set(LEFT_OUT) == set(NAMES)
+    assert not set(CASES) & set(LEFT_OUT)
 
 
 @pytest.fixture
