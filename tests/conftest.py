@@ -22,9 +22,11 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _clean_state():
-    """Every test starts with an empty default param store, validation on, float32."""
+    """Every test starts with an empty default param store, validation on (probtorch's and
+    torch's: Dynamo's first compile in a process turns torch's off), float32."""
     probtorch.get_param_store().clear()
     probtorch.enable_validation(True)
+    torch.distributions.Distribution.set_default_validate_args(True)
     dtype = torch.get_default_dtype()
     yield
     torch.set_default_dtype(dtype)

@@ -348,3 +348,28 @@ def test_models_wrapped_in_handlers_compile_without_breaks(float64):
     torch.testing.assert_close(value, ref_value, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
     assert compiled.constrain(z0)["theta"].shape == (2, 8)
+
+
+def test_compiling_keeps_torch_validation_default():
+    """Dynamo's first compile turns torch.distributions validation off process-wide;
+    probtorch restores the user's default, so bad parameters still raise afterwards.
+    In a fresh process, so that this is the process's first compile."""
+    import subprocess
+
+    script = (
+        "import torch, probtorch as pt, probtorch.distributions as dist\n"
+        "from probtorch.inference.potential import Potential\n"
+        "def model():\n"
+        "    pt.sample('x', dist.Normal(0.0, 1.0))\n"
+        "p = Potential(model, compile=True)\n"
+        "p.value_and_grad(torch.zeros(2, 1))\n"
+        "assert torch.distributions.Distribution._validate_args is True\n"
+        "try:\n"
+        "    dist.Normal(0.0, -1.0)\n"
+        "except ValueError as e:\n"
+        "    assert 'scale' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('no ValueError for a negative scale')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

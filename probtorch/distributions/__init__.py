@@ -29,7 +29,17 @@ from .censored import (  # noqa: F401
     RightCensoredDistribution,
 )
 from .constraint_registry import biject_to  # noqa: F401
-from .fixes import LKJ, Categorical, LKJCholesky, OrderedLogistic  # noqa: F401  (fixed)
+from .fixes import (  # noqa: F401  (fixed versions of Pyro's, same names)
+    LKJ,
+    Beta,
+    BetaBinomial,
+    Categorical,
+    ContinuousBernoulli,
+    FisherSnedecor,
+    LKJCholesky,
+    OrderedLogistic,
+    Pareto,
+)
 from .hurdle import HurdleDistribution, HurdleNegativeBinomial, HurdlePoisson  # noqa: F401
 from .truncated import TruncatedDistribution, TruncatedNormal  # noqa: F401
 from .zero_sum import ZeroSumConstraint, ZeroSumNormal, ZeroSumTransform, zero_sum  # noqa: F401

@@ -14,6 +14,13 @@ Sampling. torch's ``LKJCholesky`` (and Pyro's ``LKJ``, which samples through it)
 too dispersed for ``dim >= 3`` (log densities were right). Pyro's ``LKJ.expand`` raised
 ``NotImplementedError``, so ``LKJ`` could not sit in a plate. Both are fixed here.
 
+Messages. ``Beta``, ``BetaBinomial``, ``FisherSnedecor`` and ``Pareto`` build an inner
+distribution before validating their own parameters, so torch's error for an invalid
+``concentration1`` named the inner ``Dirichlet``'s ``concentration``; ``ContinuousBernoulli``
+said only "The parameter probs has invalid values". These subclasses check
+their own parameters first (when validation is on), so the message names the parameter
+the user passed and its constraint.
+
 Example::
 
     >>> import torch
@@ -27,9 +34,19 @@ from __future__ import annotations
 import pyro.distributions as pyro_dist
 import torch
 from pyro.distributions.transforms import CorrMatrixCholeskyTransform
-from torch.distributions import Beta
+from torch.distributions import Beta as TorchBeta
 
-__all__ = ["Categorical", "OrderedLogistic", "LKJCholesky", "LKJ"]
+__all__ = [
+    "Categorical",
+    "OrderedLogistic",
+    "LKJCholesky",
+    "LKJ",
+    "Beta",
+    "BetaBinomial",
+    "ContinuousBernoulli",
+    "FisherSnedecor",
+    "Pareto",
+]
 
 
 class Categorical(pyro_dist.Categorical):
@@ -66,7 +83,7 @@ class LKJCholesky(pyro_dist.LKJCholesky):
     def __init__(self, dim: int, concentration=1.0, validate_args=None):
         super().__init__(dim, concentration, validate_args=validate_args)
         offset = self._beta.concentration1 - 0.5  # torch's (0, 0, 1, ..., dim - 2)
-        self._beta = Beta(0.5 * offset + 0.5, self._beta.concentration0)
+        self._beta = TorchBeta(0.5 * offset + 0.5, self._beta.concentration0)
 
     def expand(self, batch_shape, _instance=None):
         new = _instance if _instance is not None else type(self).__new__(type(self))
@@ -92,3 +109,103 @@ class LKJ(pyro_dist.LKJ):
         super(pyro_dist.LKJ, new).__init__(base_dist, self.transforms, validate_args=False)
         new._validate_args = self._validate_args
         return new
+
+
+def _validation_on(validate_args) -> bool:
+    if validate_args is not None:
+        return bool(validate_args)
+    return torch.distributions.Distribution._validate_args
+
+
+def _check_own(dist_cls, validate_args, **params) -> None:
+    """torch's parameter check, done before an inner distribution checks its own names."""
+    if not _validation_on(validate_args):
+        return
+    for name, value in params.items():
+        if not isinstance(value, torch.Tensor | float | int):
+            continue
+        value = torch.as_tensor(value)
+        constraint = dist_cls.arg_constraints[name]
+        if not bool(constraint.check(value).all()):
+            raise ValueError(
+                f"Expected parameter {name} (Tensor of shape {tuple(value.shape)}) of "
+                f"distribution {dist_cls.__name__} to satisfy the constraint {constraint!r}, "
+                f"but found invalid values:\n{value}"
+            )
+
+
+def _expand_subclass(self, base_cls, batch_shape, _instance):
+    new = _instance if _instance is not None else type(self).__new__(type(self))
+    return base_cls.expand(self, batch_shape, _instance=new)
+
+
+class Beta(pyro_dist.Beta):
+    """Pyro's ``Beta(concentration1, concentration0)``; invalid parameters are named.
+
+    Example::
+
+        >>> Beta(-1.0, 1.0, validate_args=True)  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        ValueError: Expected parameter concentration1 ... GreaterThan(lower_bound=0.0) ...
+    """
+
+    def __init__(self, concentration1, concentration0, validate_args=None):
+        _check_own(
+            Beta, validate_args, concentration1=concentration1, concentration0=concentration0
+        )
+        super().__init__(concentration1, concentration0, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return _expand_subclass(self, pyro_dist.Beta, batch_shape, _instance)
+
+
+class BetaBinomial(pyro_dist.BetaBinomial):
+    """Pyro's ``BetaBinomial(concentration1, concentration0, total_count)``; invalid
+    parameters are named."""
+
+    def __init__(self, concentration1, concentration0, total_count=1, validate_args=None):
+        _check_own(
+            BetaBinomial,
+            validate_args,
+            concentration1=concentration1,
+            concentration0=concentration0,
+        )
+        super().__init__(concentration1, concentration0, total_count, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return _expand_subclass(self, pyro_dist.BetaBinomial, batch_shape, _instance)
+
+
+class FisherSnedecor(pyro_dist.FisherSnedecor):
+    """Pyro's ``FisherSnedecor(df1, df2)``; invalid parameters are named."""
+
+    def __init__(self, df1, df2, validate_args=None):
+        _check_own(FisherSnedecor, validate_args, df1=df1, df2=df2)
+        super().__init__(df1, df2, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return _expand_subclass(self, pyro_dist.FisherSnedecor, batch_shape, _instance)
+
+
+class Pareto(pyro_dist.Pareto):
+    """Pyro's ``Pareto(scale, alpha)``; invalid parameters are named."""
+
+    def __init__(self, scale, alpha, validate_args=None):
+        _check_own(Pareto, validate_args, scale=scale, alpha=alpha)
+        super().__init__(scale, alpha, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return _expand_subclass(self, pyro_dist.Pareto, batch_shape, _instance)
+
+
+class ContinuousBernoulli(pyro_dist.ContinuousBernoulli):
+    """Pyro's ``ContinuousBernoulli(probs=None, logits=None, lims=(0.499, 0.501))``; an
+    invalid ``probs`` is reported with its constraint."""
+
+    def __init__(self, probs=None, logits=None, lims=(0.499, 0.501), validate_args=None):
+        if probs is not None:
+            _check_own(ContinuousBernoulli, validate_args, probs=probs)
+        super().__init__(probs, logits, lims, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return _expand_subclass(self, pyro_dist.ContinuousBernoulli, batch_shape, _instance)

@@ -44,6 +44,28 @@ def _fresh_function(fn: Callable) -> Callable:
     return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+_dynamo_patched = False
+
+
+def _keep_torch_validation_default() -> None:
+    """Apply Dynamo's one-time patches now, keeping torch's distribution validation default.
+
+    The first ``torch.compile`` call in a process patches torch, and one of the patches
+    turns ``torch.distributions`` validation off for the whole process, so a user's
+    ``Normal(0, -1)`` after an MCMC run would pass silently. probtorch's compiled kernels
+    switch validation off themselves while they run (``torch_validation(False)``).
+    """
+    global _dynamo_patched
+    if _dynamo_patched:
+        return
+    _dynamo_patched = True
+    prior = torch.distributions.Distribution._validate_args
+    patcher = getattr(torch._dynamo.eval_frame, "TorchPatcher", None)
+    if patcher is not None:
+        patcher.patch()
+    torch.distributions.Distribution.set_default_validate_args(prior)
+
+
 def compile_fn(fn: Callable, enabled: bool = True, threads: int = 1) -> Callable:
     """``torch.compile(fn, fullgraph=True, dynamic=False)`` on a fresh code object, or ``fn``.
 
@@ -56,6 +78,7 @@ def compile_fn(fn: Callable, enabled: bool = True, threads: int = 1) -> Callable
     """
     if not enabled:
         return fn
+    _keep_torch_validation_default()
     return torch.compile(
         _fresh_function(fn), fullgraph=True, dynamic=False, options={"cpp.threads": threads}
     )

@@ -116,7 +116,18 @@ def _module_calls(found: list):
         handle.remove()
 
 
-_INDUCTOR_OPTIONS = {"cpp.threads": 1, "fallback_random": True}
+# Inductor's Python wrapper runs between the kernels of every step: with ``cpp_wrapper``
+# that host code is C++, and the checks of sizes, strides and alignments it would make on
+# every call are left out (the graph is compiled for fixed shapes). About 20% shorter
+# logistic-regression steps (N=5000, D=25, 8 steps per call) on one CPU.
+_INDUCTOR_OPTIONS = {
+    "cpp.threads": 1,
+    "fallback_random": True,
+    "cpp_wrapper": True,
+    "size_asserts": False,
+    "alignment_asserts": False,
+    "scalar_asserts": False,
+}
 
 
 def _compile_options() -> dict:
@@ -127,6 +138,11 @@ def _compile_options() -> dict:
     Inductor sees it, which draws other numbers than eager ``torch.bernoulli``; without that
     decomposition it runs as torch's sampler. This uses Inductor's ``compile_fx`` (private);
     if it is missing, only Bernoulli draws differ between compiled and eager runs.
+
+    ``aten.mv`` and ``aten.dot`` are not decomposed either: Inductor would turn them into
+    its own pointwise-and-reduction loops, which made ``X @ beta`` (and its gradient, a
+    second matrix-vector product) the slowest part of a logistic-regression step (~1.7x
+    slower steps at N=5000, D=25); undecomposed they run as BLAS calls, as in eager mode.
     """
     try:
         from torch._inductor import config as inductor_config
@@ -135,7 +151,12 @@ def _compile_options() -> dict:
 
         with inductor_config.patch(fallback_random=True):
             table = dict(select_decomp_table())
-        table.pop(torch.ops.aten.bernoulli.default, None)
+        for op in (
+            torch.ops.aten.bernoulli.default,
+            torch.ops.aten.mv.default,
+            torch.ops.aten.dot.default,
+        ):
+            table.pop(op, None)
         backend = functools.partial(
             compile_fx, decompositions=table, config_patches=dict(_INDUCTOR_OPTIONS)
         )
