@@ -200,12 +200,18 @@ class Pareto(pyro_dist.Pareto):
 
 class ContinuousBernoulli(pyro_dist.ContinuousBernoulli):
     """Pyro's ``ContinuousBernoulli(probs=None, logits=None, lims=(0.499, 0.501))``; an
-    invalid ``probs`` is reported with its constraint."""
+    invalid ``probs`` is reported with its constraint, and with ``validate_args=False`` it
+    can be built inside compiled code."""
 
     def __init__(self, probs=None, logits=None, lims=(0.499, 0.501), validate_args=None):
         if probs is not None:
             _check_own(ContinuousBernoulli, validate_args, probs=probs)
-        super().__init__(probs, logits, lims, validate_args=validate_args)
+        # torch checks `probs` in __init__ whenever validate_args is not None, even False:
+        # a data-dependent branch that made the distribution impossible to build in
+        # compiled code. Its check is done above; pass None and set the flag afterwards.
+        super().__init__(probs, logits, lims, validate_args=validate_args or None)
+        if validate_args is False:
+            self._validate_args = False
 
     def expand(self, batch_shape, _instance=None):
         return _expand_subclass(self, pyro_dist.ContinuousBernoulli, batch_shape, _instance)
