@@ -447,15 +447,6 @@ def test_bayesian_head_on_a_transformer_encoder_learns(api):
     assert accuracy > 0.8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason=(
-        "SVI finds the owners of pt.module parameters by forward calls; MultiheadAttention reads "
-        "out_proj.weight without calling out_proj (fix in svi.py: look through the submodules of "
-        "called modules)"
-    ),
-)
 def test_svi_trains_a_transformer_encoder_registered_with_module():
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(

@@ -315,7 +315,9 @@ class SVI:
         by_id = {id(leaf): name for name, leaf in zip(names, leaves)}
         owners: dict[str, list] = {}
         seen = set()
-        for module in called:
+        # Submodules of a called module count too: nn.MultiheadAttention reads
+        # out_proj.weight without calling out_proj.
+        for module in (sub for caller in called for sub in caller.modules()):
             if id(module) in seen:
                 continue
             seen.add(id(module))
