@@ -555,3 +555,17 @@ def test_welford_batch_update_equals_one_at_a_time(dense):
     n = 40
     regularized = n / (n + 5) * expected + 1e-3 * 5 / (n + 5) * (torch.eye(4) if dense else 1)
     torch.testing.assert_close(welford_final(batched), regularized, rtol=1e-12, atol=1e-12)
+
+
+def test_inference_runs_with_one_intra_op_thread(monkeypatch):
+    """MCMC.run uses PROBTORCH_NUM_THREADS threads (default 1) and restores torch's."""
+    seen = []
+    original = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), original(n)))
+    torch.set_num_threads(3)
+    seen.clear()
+    y = torch.tensor([0.3, -0.1, 0.5])
+    mcmc = MCMC(NUTS(known_noise_model, compile=False), num_warmup=5, num_samples=5, seed=0,
+                progress_bar=False)
+    mcmc.run(y)
+    assert seen == [1, 3] and torch.get_num_threads() == 3

@@ -249,3 +249,20 @@ def test_posterior_predictive_from_mcmc():
     sd = math.sqrt(1 / prec + NOISE**2)
     assert abs(float(out["y"].mean()) - m) < 0.15
     assert abs(float(out["y"].std()) / sd - 1) < 0.15
+
+
+def test_vector_latent_times_matrix_batches_with_pyro_layout():
+    """`w @ X.T` with an event-shaped latent w works batched (Pyro's layout, tried second)."""
+
+    def model(X, y=None):
+        w = pt.sample("w", dist.Normal(0.0, 2.0).expand([X.shape[1]]).to_event(1))
+        with pt.plate("data", X.shape[0]):
+            pt.sample("y", dist.Normal(w @ X.T, 1e-6), obs=y)
+
+    X = torch.randn(50, 4)
+    samples = {"w": torch.randn(7, 4)}
+    batched = Predictive(model, posterior_samples=samples)(X, seed=0)
+    looped = Predictive(model, posterior_samples=samples, parallel=False)(X, seed=0)
+    assert batched["y"].shape == (7, 50)
+    torch.testing.assert_close(batched["y"], samples["w"] @ X.T, atol=1e-4, rtol=0)
+    torch.testing.assert_close(looped["y"], batched["y"], atol=1e-4, rtol=0)

@@ -44,6 +44,28 @@ def _fresh_function(fn: Callable) -> Callable:
     return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+@contextlib.contextmanager
+def inference_threads():
+    """torch's intra-op threads while inference runs: ``PROBTORCH_NUM_THREADS`` (default 1).
+
+    Samplers and SVI steps work on small tensors, where extra threads only add
+    synchronization: with torch's default of one thread per core, a 4-d regression took
+    7x longer (and its continued draws 19x) when other processes shared the cores, and no
+    model measured here ran faster with more threads. ``PROBTORCH_NUM_THREADS=0`` keeps
+    torch's setting (for large matrix products on idle cores).
+    """
+    wanted = int(os.environ.get("PROBTORCH_NUM_THREADS", "1"))
+    previous = torch.get_num_threads()
+    if wanted <= 0 or wanted == previous:
+        yield
+        return
+    torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 _dynamo_patched = False
 
 

@@ -8,11 +8,13 @@ guide and its fitted params. With no draws at all it gives the prior predictive.
 Batching (``parallel=True``): the model runs once for all ``S`` samples, inside an outer
 plate of size ``S`` at batch dim ``-(max_plate_nesting + 1)``, where ``max_plate_nesting``
 (the most batch dims of any sample site, plates included) is read from one unbatched run.
-The model's own plates (automatic dims count from ``-1``) stay to the right of it. This is
-Pyro's scheme; it needs a model written to broadcast over extra batch dims on the left
-(use plates and broadcasting; avoid ``x @ beta`` with a latent vector ``beta``,
-``.item()``, and reshapes of latent values). ``parallel=False`` runs the model once per
-sample in a Python loop and works for every model.
+The model's own plates (automatic dims count from ``-1``) stay to the right of it. Each
+latent draw gets its sample dim left of its batch dims; if the model fails that way (or a
+site comes out with a shape that does not fit), it runs again with Pyro's layout, where a
+vector latent ``w`` keeps shape ``(S, D)`` so that ``w @ X.T`` works. The model must
+broadcast over the extra dim (use plates; avoid ``.item()`` and reshapes of latent
+values). ``parallel=False`` runs the model once per sample in a Python loop and works for
+every model.
 
 Randomness: ``predictive(*args, seed=0)`` is reproducible and leaves torch's global
 generator as it was. Without ``seed`` the run draws its seed from torch's global generator
@@ -249,25 +251,42 @@ def _run(fn, samples, num_samples, proto, names, parallel, args, kwargs):
         return {name: torch.stack(values) for name, values in draws.items()}
 
     nesting = _max_plate_nesting(proto)
+    first_error = None
+    for rule in ("batch", "shape"):
+        try:
+            return _run_parallel(fn, samples, num_samples, proto, names, args, kwargs, rule)
+        except Exception as error:  # noqa: BLE001  (the first layout's error is reported)
+            first_error = first_error or error
+    raise RuntimeError(
+        f"Predictive(parallel=True) runs the model once for all {num_samples} samples, with "
+        f"the samples along batch dim {-(nesting + 1)}, and the model failed: "
+        f"{type(first_error).__name__}: {first_error}. The model must broadcast over that dim "
+        f"(use plates; avoid .item() and reshapes of latent values), or pass parallel=False "
+        f"to run it once per sample."
+    ) from first_error
+
+
+def _run_parallel(fn, samples, num_samples, proto, names, args, kwargs, rule):
+    """One batched run with the sample dim placed by ``rule``:
+
+    - ``"batch"``: left of all batch dims (a site with b batch dims gets
+      ``max_plate_nesting - b`` ones after the sample dim), which suits elementwise use of
+      event-shaped latents (``(x * w).sum(-1)``);
+    - ``"shape"``: Pyro's layout, ``max_plate_nesting - value.dim()`` ones (none for a vector
+      latent), which suits ``w @ X.T`` with a vector latent ``w``.
+    Raises if the model fails or a site comes out with a shape that does not fit.
+    """
+    nesting = _max_plate_nesting(proto)
     data = {}
     for name, value in samples.items():
         site = proto.get(name)
         if site is None or site.type != "sample":
             continue  # deterministic sites are recomputed; others are not in the model
-        pad = (1,) * (nesting - _batch_ndim(site))
+        used = _batch_ndim(site) if rule == "batch" else site.value.dim()
+        pad = (1,) * max(nesting - used, 0)
         data[name] = value.reshape((num_samples,) + pad + tuple(site.value.shape))
-    particles = plate(_PARTICLE_PLATE, num_samples, dim=-(nesting + 1))
-    try:
-        with particles:
-            tr = trace(substitute(fn, data=data)).get_trace(*args, **kwargs)
-    except Exception as error:
-        raise RuntimeError(
-            f"Predictive(parallel=True) runs the model once for all {num_samples} samples, "
-            f"with the samples along batch dim {-(nesting + 1)}, and the model failed: "
-            f"{type(error).__name__}: {error}. The model must broadcast over that dim (use "
-            f"plates; avoid `x @ latent_vector`, .item() and reshapes of latent values), or "
-            f"pass parallel=False to run it once per sample."
-        ) from error
+    with plate(_PARTICLE_PLATE, num_samples, dim=-(nesting + 1)):
+        tr = trace(substitute(fn, data=data)).get_trace(*args, **kwargs)
     out = {}
     for name in names:
         value = tr[name].value
@@ -281,9 +300,8 @@ def _run(fn, samples, num_samples, proto, names, parallel, args, kwargs):
                 out[name] = torch.broadcast_to(value, shape).clone()
             except RuntimeError:
                 raise RuntimeError(
-                    f"Predictive(parallel=True): site {name!r} has shape {tuple(value.shape)} "
-                    f"when run for all samples at once, which does not fit its shape "
-                    f"{tuple(proto[name].value.shape)} in one run; the model does not broadcast "
-                    f"over the sample dim {-(nesting + 1)}. Pass parallel=False."
+                    f"site {name!r} has shape {tuple(value.shape)} when run for all samples "
+                    f"at once, which does not fit its shape {tuple(proto[name].value.shape)} "
+                    f"in one run"
                 ) from None
     return out

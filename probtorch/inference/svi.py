@@ -55,7 +55,7 @@ from ..optim import Optimizer
 from ..params import ParamStore, param_scope
 from ..runtime import Message, Messenger
 from ..validation import torch_validation
-from .compile import _fresh_function, compile_enabled
+from .compile import _fresh_function, compile_enabled, inference_threads
 from .elbo import ELBO, _Record, _Seeded
 
 __all__ = ["SVI", "SVIRunResult", "NonFiniteLossError"]
@@ -519,8 +519,13 @@ class SVI:
         ``init_params`` (constrained values by name, e.g. a previous ``result.params``)
         replace the current params and restart the optimizer state. Ctrl-C stops the run
         and returns the result so far, with a warning; so does a non-finite loss, keeping the
-        params of the last step with a finite loss.
+        params of the last step with a finite loss. torch runs with
+        ``PROBTORCH_NUM_THREADS`` intra-op threads meanwhile (default 1).
         """
+        with inference_threads():
+            return self._run(num_steps, args, progress_bar, init_params, kwargs)
+
+    def _run(self, num_steps, args, progress_bar, init_params, kwargs) -> SVIRunResult:
         num_steps = int(num_steps)
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")

@@ -11,6 +11,7 @@ import warnings
 
 import torch
 
+from ..compile import inference_threads
 from .diagnostics import summary_table, to_inference_data
 from .kernels import STAT_NAMES, SamplerState
 from .warmup import init_adapt_state, run_warmup
@@ -93,8 +94,14 @@ class MCMC:
 
         ``init_params`` are constrained initial values per latent site. Setting
         ``mcmc.post_warmup_state = mcmc.last_state`` before a second ``run`` continues the
-        chains with the adapted step size and mass matrix and no new warmup.
+        chains with the adapted step size and mass matrix and no new warmup. torch runs
+        with ``PROBTORCH_NUM_THREADS`` intra-op threads meanwhile (default 1; see
+        :func:`probtorch.inference.compile.inference_threads`).
         """
+        with inference_threads():
+            self._run(args, kwargs, init_params, extra_fields)
+
+    def _run(self, args, kwargs, init_params, extra_fields) -> None:
         self._extra_fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
         unknown = set(self._extra_fields) - set(STAT_NAMES)
         if unknown:
