@@ -262,8 +262,11 @@ class NUTS(_HamiltonianKernel):
         max_delta_energy: an energy error above this is a divergence.
         compile: compile the sampler (default: ``PROBTORCH_COMPILE``, on).
         chunk_size: leapfrog iterations unrolled per compiled call. Compile time grows with
-            it (about 2x from 1 to 2 and again to 4) while, measured on CPU, the time per
-            draw did not improve: 1 is the default.
+            it, the host overhead per iteration shrinks. Eight schools (centered, 4 chains,
+            1000 + 1000, one core): first run 16.5 / 13.5 / 29 s and 7.5 / 6.6 / 6.3 s for
+            the 1000 + 1000 run with chunks 1 / 2 / 4 (the first run with chunk 1 also paid
+            the process's one-time compiler start-up). 1 is the default (the shortest time
+            to the first draw); 2 or 4 pay off for long runs.
         block_size: transitions per chain between returns to Python.
         executor: ``"quick"`` (``torch.compile``, seconds to build) or ``"lean"``
             (AOTInductor with a C++ loop: a minute to build, cached on disk, several times
