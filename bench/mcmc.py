@@ -988,7 +988,12 @@ def write_results(results: dict, args) -> None:
     notes = Path(args.notes) if args.notes else None
     if notes and notes.exists():
         lines += ["", notes.read_text().rstrip()]
-    path.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    # keep the sections other benchmarks render into the same file (bench/svi.py's "## SVI")
+    old = path.read_text() if path.exists() else ""
+    if "\n## SVI" in old:
+        text += old[old.index("\n## SVI") :]
+    path.write_text(text)
     print(f"wrote {path}")
 
 
