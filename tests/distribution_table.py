@@ -803,8 +803,6 @@ TABLE: list[Family] = [
         xfail={
             "transform": "biject_to(constraints.positive_definite) is registered neither by "
             "torch nor by Pyro (NotImplementedError)",
-            "invalid": "torch's df check raises 'Value of df=0.5 expected to be greater than "
-            "ndim - 1 = 1.': no constraint named",
             "compile_log_prob": _CONSTRUCTOR_CHECK.format("df > dim - 1"),
         },
         ref_note="moments of the lower triangle: E X = df S, Var X_ij = df (S_ij^2 + S_ii S_jj)",

@@ -39,6 +39,7 @@ from .fixes import (  # noqa: F401  (fixed versions of Pyro's, same names)
     LKJCholesky,
     OrderedLogistic,
     Pareto,
+    Wishart,
 )
 from .hurdle import HurdleDistribution, HurdleNegativeBinomial, HurdlePoisson  # noqa: F401
 from .truncated import TruncatedDistribution, TruncatedNormal  # noqa: F401

@@ -46,6 +46,7 @@ __all__ = [
     "ContinuousBernoulli",
     "FisherSnedecor",
     "Pareto",
+    "Wishart",
 ]
 
 
@@ -215,3 +216,31 @@ class ContinuousBernoulli(pyro_dist.ContinuousBernoulli):
 
     def expand(self, batch_shape, _instance=None):
         return _expand_subclass(self, pyro_dist.ContinuousBernoulli, batch_shape, _instance)
+
+
+class Wishart(pyro_dist.Wishart):
+    """Pyro's ``Wishart(df, covariance_matrix=None, precision_matrix=None, scale_tril=None)``;
+    a ``df`` at or below ``dim - 1`` is reported with the constraint it violates."""
+
+    def __init__(
+        self, df, covariance_matrix=None, precision_matrix=None, scale_tril=None,
+        validate_args=None,
+    ):  # fmt: skip
+        matrix = next(
+            (m for m in (covariance_matrix, precision_matrix, scale_tril) if m is not None), None
+        )
+        if matrix is not None and _validation_on(validate_args):
+            dim = torch.as_tensor(matrix).shape[-1]
+            value = torch.as_tensor(df)
+            constraint = torch.distributions.constraints.greater_than(dim - 1)
+            if not bool(constraint.check(value).all()):
+                raise ValueError(
+                    f"Expected parameter df (Tensor of shape {tuple(value.shape)}) of "
+                    f"distribution Wishart to satisfy the constraint {constraint!r} "
+                    f"(df > dim - 1 for {dim} x {dim} matrices), but found invalid "
+                    f"values:\n{value}"
+                )
+        super().__init__(df, covariance_matrix, precision_matrix, scale_tril, validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return _expand_subclass(self, pyro_dist.Wishart, batch_shape, _instance)
