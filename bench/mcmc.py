@@ -38,15 +38,11 @@ import datetime as _dt
 import json
 import math
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from harness import RESULT_TAG, XLA_FLAGS, environment, spawn
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -73,7 +69,6 @@ PYRO_AUTO = {
     "gauss100_diag": (1, 500, 500),
 }
 
-XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
 # ---------------------------------------------------------------------------------------
@@ -651,74 +646,12 @@ def worker(args) -> None:
     info, draws = RUNNERS[lib](model, cfg)
     if cfg["num_samples"] > 1:
         info.update(posterior_stats(model, draws))
-    print("@@RESULT@@" + json.dumps(info))
+    print(RESULT_TAG + json.dumps(info))
 
 
 # ---------------------------------------------------------------------------------------
 # Orchestration: fresh subprocesses, one per probe/full run
 # ---------------------------------------------------------------------------------------
-def _loadavg() -> list:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
-
-
-def spawn(cfg: dict, cpu: str | None, timeout: float) -> dict:
-    env = dict(os.environ)
-    env.update(
-        XLA_FLAGS=XLA_FLAGS,
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        OPENBLAS_NUM_THREADS="1",
-        JAX_PLATFORMS="cpu",
-        JAX_CPU_ENABLE_ASYNC_DISPATCH="false",
-        PYTHONWARNINGS="ignore",
-        TF_CPP_MIN_LOG_LEVEL="2",
-    )
-    cache = None
-    if cfg["lib"] == "probtorch" and not cfg.get("warm_cache"):
-        cache = tempfile.mkdtemp(prefix="bench_inductor_")  # cold compile every time
-        env["TORCHINDUCTOR_CACHE_DIR"] = cache
-        env["PROBTORCH_CACHE_DIR"] = cache  # the lean executor's AOTInductor builds
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
-    if cpu is not None and shutil.which("taskset"):
-        cmd = ["taskset", "-c", cpu] + cmd
-    load0 = _loadavg()
-    code = _probtorch_version() if cfg["lib"] == "probtorch" else None
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s", "loadavg": load0}
-    finally:
-        if cache:
-            shutil.rmtree(cache, ignore_errors=True)
-    wall = time.perf_counter() - t0
-    for line in proc.stdout.splitlines():
-        if line.startswith("@@RESULT@@"):
-            out = json.loads(line[len("@@RESULT@@") :])
-            out.update(process_wall_s=wall, loadavg=load0, probtorch_code=code)
-            return out
-    tail = (proc.stderr or proc.stdout)[-3000:]
-    return {"error": f"exit {proc.returncode}: {tail}", "loadavg": load0}
-
-
-def _probtorch_version() -> str | None:
-    """The git commit of the probtorch tree under test, '+dirty' if probtorch/ has edits."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "probtorch"],
-            cwd=ROOT, capture_output=True, text=True,
-        ).stdout.strip()  # fmt: skip
-    except OSError:
-        return None
-    return (head + ("+dirty" if dirty else "")) or None
 
 
 def jobs_for(models, libs, args) -> list[dict]:
@@ -787,39 +720,6 @@ def derive(rec: dict) -> dict:
     }
 
 
-def environment() -> dict:
-    import importlib.metadata as md
-
-    versions = {}
-    for pkg in ("torch", "probtorch", "numpyro", "jax", "jaxlib", "pyro-ppl", "arviz", "numpy"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            versions[pkg] = None
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model_name = next(
-            (ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if "Model name" in ln), ""
-        )
-    except OSError:
-        model_name = ""
-    try:
-        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError):
-        mem_gib = float("nan")
-    return {
-        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu_model": model_name,
-        "nproc": os.cpu_count(),
-        "mem_gib": round(mem_gib, 1),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": versions,
-        "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
-        "xla_flags": XLA_FLAGS,
-    }
-
-
 def run_bench(args) -> None:
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() and not args.fresh else {}
@@ -843,9 +743,9 @@ def run_bench(args) -> None:
         rec = {"config": cfg, "started": _dt.datetime.now().isoformat(timespec="seconds")}
         if args.probe:
             probe_cfg = dict(cfg, num_warmup=0, num_samples=1)
-            rec["probe"] = spawn(probe_cfg, args.cpu, args.timeout)
+            rec["probe"] = spawn(__file__, probe_cfg, args.cpu, args.timeout)
             print(f"   probe: {_brief(rec['probe'])}", flush=True)
-        rec["full"] = spawn(cfg, args.cpu, args.timeout)
+        rec["full"] = spawn(__file__, cfg, args.cpu, args.timeout)
         print(f"   full:  {_brief(rec['full'])}", flush=True)
         rec["derived"] = derive(rec)
         if rec["derived"]:

@@ -47,23 +47,18 @@ import datetime as _dt
 import json
 import math
 import os
-import platform
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from harness import RESULT_TAG, XLA_FLAGS, environment, spawn
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 MODELS = ("logreg", "vae")
 LIBS = ("probtorch", "numpyro", "pyro")
-XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 # steps of the time-to-result run; steps per steady-state call (divisible by 1, 8, 32)
 NUM_STEPS = {"logreg": 5000, "vae": 2000}
@@ -493,7 +488,7 @@ def worker(args) -> None:
     info["losses_finite"] = bool(np.isfinite(losses).all())
     info["eval"] = evaluate(cfg["model"], params)
     info["params_summary"] = {k: [float(v.mean()), float(v.std())] for k, v in params.items()}
-    print("@@RESULT@@" + json.dumps(info))
+    print(RESULT_TAG + json.dumps(info))
 
 
 # ---------------------------------------------------------------------------------------
@@ -543,68 +538,6 @@ def evaluate(model: str, params: dict) -> dict:
 # ---------------------------------------------------------------------------------------
 # Orchestration
 # ---------------------------------------------------------------------------------------
-def _loadavg() -> list:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
-
-
-def spawn(cfg: dict, cpu: str | None, timeout: float) -> dict:
-    env = dict(os.environ)
-    env.update(
-        XLA_FLAGS=XLA_FLAGS,
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        OPENBLAS_NUM_THREADS="1",
-        JAX_PLATFORMS="cpu",
-        JAX_CPU_ENABLE_ASYNC_DISPATCH="false",
-        PYTHONWARNINGS="ignore",
-        TF_CPP_MIN_LOG_LEVEL="2",
-    )
-    cache = None
-    if cfg["lib"] == "probtorch":
-        cache = tempfile.mkdtemp(prefix="bench_svi_inductor_")  # cold compile every time
-        env["TORCHINDUCTOR_CACHE_DIR"] = cache
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
-    if cpu is not None and shutil.which("taskset"):
-        cmd = ["taskset", "-c", cpu] + cmd
-    load0 = _loadavg()
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s", "loadavg": load0}
-    finally:
-        if cache:
-            shutil.rmtree(cache, ignore_errors=True)
-    wall = time.perf_counter() - t0
-    for line in proc.stdout.splitlines():
-        if line.startswith("@@RESULT@@"):
-            out = json.loads(line[len("@@RESULT@@") :])
-            out.update(process_wall_s=wall, loadavg=load0, loadavg_end=_loadavg())
-            return out
-    tail = (proc.stderr or proc.stdout)[-3000:]
-    return {"error": f"exit {proc.returncode}: {tail}", "loadavg": load0}
-
-
-def _probtorch_version() -> str | None:
-    """The git commit of the probtorch tree under test, '+dirty' if probtorch/ has edits."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "probtorch"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return None
-    return (head + ("+dirty" if dirty else "")) or None
 
 
 def derive(r: dict) -> dict:
@@ -621,34 +554,6 @@ def derive(r: dict) -> dict:
         "cpu_share": cpu / wall,
         # what the time-to-result run cost beyond its steps at the steady rate
         "setup_s": r["time_to_result_s"] - r["num_steps"] / rate,
-    }
-
-
-def environment() -> dict:
-    import importlib.metadata as md
-
-    versions = {}
-    for pkg in ("torch", "probtorch", "numpyro", "jax", "jaxlib", "pyro-ppl", "numpy"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            versions[pkg] = None
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model_name = next(
-            (ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if "Model name" in ln), ""
-        )
-    except OSError:
-        model_name = ""
-    return {
-        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu_model": model_name,
-        "nproc": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": versions,
-        "xla_flags": XLA_FLAGS,
-        "probtorch_code": _probtorch_version(),
     }
 
 
@@ -681,7 +586,7 @@ def run_bench(args) -> None:
     for cfg in jobs_for(args):
         key = f"{cfg['model']}/{cfg['lib']}/{cfg['variant']}"
         print(f"== {key}", flush=True)
-        rec = spawn(cfg, args.cpu, args.timeout)
+        rec = spawn(__file__, cfg, args.cpu, args.timeout)
         rec.update(config=cfg, num_steps=cfg["num_steps"])
         rec["started"] = _dt.datetime.now().isoformat(timespec="seconds")
         if "error" in rec:

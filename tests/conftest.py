@@ -34,6 +34,12 @@ def _clean_state():
 
 
 @pytest.fixture
+def float64():
+    """float64 as torch's default dtype for one test (``_clean_state`` restores it)."""
+    torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture
 def shared_dir():
     """../shared (posteriordb, research); tests that need it skip in users' checkouts."""
     if not SHARED.is_dir():

@@ -21,11 +21,6 @@ from probtorch.validation import torch_validation
 Z_MAX = 4.0
 
 
-@pytest.fixture
-def float64():
-    torch.set_default_dtype(torch.float64)
-
-
 def _z_mean(samples, exact_mean, exact_var):
     n = samples.shape[0]
     return (samples.mean(0) - exact_mean) / math.sqrt(exact_var / n)

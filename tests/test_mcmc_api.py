@@ -21,14 +21,7 @@ STATS = (
 ARVIZ_STATS = {"diverging", "energy", "tree_depth", "n_steps", "step_size", "lp", "acceptance_rate"}
 
 
-@pytest.fixture(autouse=True)
-def float64_one_thread():
-    """float64 (conftest restores the dtype); one intra-op thread, the fastest for tiny models."""
-    torch.set_default_dtype(torch.float64)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def vector_model(y):
@@ -562,10 +555,14 @@ def test_inference_runs_with_one_intra_op_thread(monkeypatch):
     seen = []
     original = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), original(n)))
+    before = torch.get_num_threads()
     torch.set_num_threads(3)
     seen.clear()
     y = torch.tensor([0.3, -0.1, 0.5])
     mcmc = MCMC(NUTS(known_noise_model, compile=False), num_warmup=5, num_samples=5, seed=0,
                 progress_bar=False)
-    mcmc.run(y)
-    assert seen == [1, 3] and torch.get_num_threads() == 3
+    try:
+        mcmc.run(y)
+        assert seen == [1, 3] and torch.get_num_threads() == 3
+    finally:
+        original(before)

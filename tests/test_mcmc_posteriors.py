@@ -19,7 +19,7 @@ import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.inference import HMC, MCMC, NUTS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("float64")]
 
 NUM_CHAINS = 4
 NUM_WARMUP = 500
@@ -32,17 +32,6 @@ MIN_ESS = 800
 MEAN_MCSES = 4.0
 SD_RTOL = 0.10
 MAX_RHAT = 1.01
-
-
-@pytest.fixture(autouse=True)
-def float64_one_thread():
-    """float64 (conftest restores the dtype); one intra-op thread, which is fastest for these
-    tiny tensors and keeps an oversubscribed machine from slowing backward passes 100-fold."""
-    torch.set_default_dtype(torch.float64)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @dataclass

@@ -36,14 +36,7 @@ NUM_CHAINS = 4
 ATOL = 1e-10
 
 
-@pytest.fixture(autouse=True)
-def float64_one_thread():
-    """float64 (conftest restores the dtype); one intra-op thread, the fastest for tiny models."""
-    torch.set_default_dtype(torch.float64)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def _single_chain(potential):

@@ -109,11 +109,6 @@ COORDINATE_CHANGE = {
 
 
 @pytest.fixture
-def float64():
-    torch.set_default_dtype(torch.float64)
-
-
-@pytest.fixture
 def posteriordb(shared_dir):
     return posteriordb_module("load"), posteriordb_module("check_models")
 

@@ -21,7 +21,6 @@ gp_regr 13, low_dim_gauss_mix 12; about 250 s in all.
 
 import numpy as np
 import pytest
-import torch
 from posteriordb_models import make, nuts_kwargs, posteriordb_module
 
 from probtorch.inference import MCMC, NUTS
@@ -64,11 +63,6 @@ def test_every_posterior_is_covered_or_listed():
 
     assert set(CASES) | set(LEFT_OUT) == set(NAMES)
     assert not set(CASES) & set(LEFT_OUT)
-
-
-@pytest.fixture
-def float64():
-    torch.set_default_dtype(torch.float64)
 
 
 def _compare(draws: dict, reference: dict) -> list[str]:

@@ -21,11 +21,6 @@ from probtorch.inference.init_strategies import (
 from probtorch.inference.potential import InitializationError, Potential, initialize_model
 
 
-@pytest.fixture
-def float64():
-    torch.set_default_dtype(torch.float64)
-
-
 def _points(z0, num=3, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [z0 + 0.5 * torch.randn(z0.shape, generator=g, dtype=z0.dtype) for _ in range(num)]

@@ -11,10 +11,7 @@ from probtorch.inference.compile import count_compiles
 from probtorch.inference.potential import Potential
 from probtorch.inference.safe_linalg import nan_on_failure
 
-
-@pytest.fixture(autouse=True)
-def float64():
-    torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def _batch():
