@@ -130,6 +130,23 @@ _INDUCTOR_OPTIONS = {
 }
 
 
+def _register_bernoulli_fallback() -> None:
+    """Give Inductor an explicit fallback lowering for ``aten.bernoulli.default``.
+
+    Inductor lowers an op that has neither a lowering nor a decomposition by falling back to
+    its ATen kernel, but when the environment variable ``CI`` is set it refuses to do that
+    for an op that torch can decompose (``make_fallback(aten.bernoulli.default): a
+    decomposition exists``). Registering the fallback explicitly, without the warning, is
+    what Inductor does for its own fallbacks; ordinary ``torch.compile`` calls still
+    decompose Bernoulli draws before lowering and never reach it.
+    """
+    from torch._inductor import lowering
+
+    op = torch.ops.aten.bernoulli.default
+    if op not in lowering.lowerings:
+        lowering.make_fallback(op, warn=False, override_decomp=True)
+
+
 def _compile_options() -> dict:
     """``torch.compile`` arguments that make compiled draws equal eager draws.
 
@@ -157,6 +174,7 @@ def _compile_options() -> dict:
             torch.ops.aten.dot.default,
         ):
             table.pop(op, None)
+        _register_bernoulli_fallback()
         backend = functools.partial(
             compile_fx, decompositions=table, config_patches=dict(_INDUCTOR_OPTIONS)
         )
