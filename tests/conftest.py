@@ -9,6 +9,9 @@ SHARED = ROOT.parent / "shared"
 
 # Compiled kernels are cached across test processes (and runs) in the repo's .cache.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".cache" / "inductor"))
+# NUTS's default executor ("auto") would start a background AOTInductor build for every
+# model the suite samples; tests run the quick path unless they ask for another executor.
+os.environ.setdefault("PROBTORCH_EXECUTOR", "quick")
 warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")
 
 import torch  # noqa: E402

@@ -1,5 +1,9 @@
-"""The lean executor (AOTInductor chunk + C++ loop) draws exactly what the quick path draws."""
+"""The lean executor (AOTInductor chunk + C++ loop) draws exactly what the quick path draws,
+whether it is built before the run ("lean"), loaded from the cache or built in the background
+while the quick path samples ("auto")."""
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -9,7 +13,16 @@ from models import eight_schools, eight_schools_data
 import probtorch as pt
 from probtorch.inference import MCMC, NUTS
 from probtorch.inference.mcmc import lean
+from probtorch.inference.mcmc.executor import ChunkedLoop
 from probtorch.reparam import LocScaleReparam
+
+# One worker builds the package; the tests after it in this file load it from the cache.
+pytestmark = pytest.mark.xdist_group("lean_executor")
+
+
+@pytest.fixture(scope="module")
+def package_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("lean_packages")
 
 
 @pytest.fixture
@@ -20,38 +33,130 @@ def model_and_data():
     return model, args, kwargs
 
 
-def _run(model, args, kwargs, executor):
-    mcmc = MCMC(
-        NUTS(model, executor=executor, block_size=16),
-        num_warmup=60,
-        num_samples=60,
-        num_chains=2,
-        seed=3,
-        progress_bar=False,
-    )
+def _run(model, args, kwargs, executor, kernel=None):
+    kernel = kernel or NUTS(model, executor=executor, block_size=16)
+    mcmc = MCMC(kernel, num_warmup=60, num_samples=60, num_chains=2, seed=3, progress_bar=False)
     mcmc.run(*args, **kwargs)
     return mcmc
 
 
+def _assert_same_draws(run, reference):
+    for name, value in reference.get_samples().items():
+        assert torch.equal(run.get_samples()[name], value), f"{name} differs between executors"
+    for name in ("num_steps", "diverging", "tree_depth", "step_size"):
+        assert torch.equal(run._stats[name], reference._stats[name]), f"{name} differs"
+
+
 @pytest.mark.slow
-def test_lean_executor_matches_quick_path_draw_for_draw(model_and_data, tmp_path, monkeypatch):
-    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(tmp_path))
+def test_lean_executor_matches_quick_path_draw_for_draw(model_and_data, package_dir, monkeypatch):
+    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(package_dir))
     model, args, kwargs = model_and_data
     quick = _run(model, args, kwargs, "quick")
     lean_run = _run(model, args, kwargs, "lean")
     assert type(lean_run.kernel._block_loop).__name__ == "LeanLoop"
-    for name, value in quick.get_samples().items():
-        torch.testing.assert_close(lean_run.get_samples()[name], value, rtol=1e-10, atol=1e-10)
-    for name in ("num_steps", "diverging", "tree_depth"):
-        assert torch.equal(
-            lean_run._stats[name], quick._stats[name]
-        ), f"{name} differs between executors"
+    _assert_same_draws(lean_run, quick)
     # a second sampler of the same model and shapes loads the cached package
-    assert len(list(tmp_path.glob("nuts_chunk_*.pt2"))) == 1
+    assert len(list(package_dir.glob("nuts_chunk_*.pt2"))) == 1
     start = time.perf_counter()
     again = _run(model, args, kwargs, "lean")
     assert time.perf_counter() - start < 60
-    torch.testing.assert_close(again.get_samples()["mu"], quick.get_samples()["mu"])
+    _assert_same_draws(again, quick)
+
+
+@pytest.mark.slow
+def test_auto_executor_uses_a_cached_package_at_once(model_and_data, package_dir, monkeypatch):
+    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(package_dir))
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "1")
+    model, args, kwargs = model_and_data
+    quick = _run(model, args, kwargs, "quick")
+    auto = _run(model, args, kwargs, "auto")
+    loop = auto.kernel._block_loop
+    assert type(loop).__name__ == "LeanLoop", "the package from the first test was not used"
+    assert auto.kernel._tiered.pending is False  # nothing was built
+    _assert_same_draws(auto, quick)
+
+
+@pytest.mark.slow
+def test_auto_executor_switches_mid_run_without_changing_the_draws(
+    model_and_data, package_dir, monkeypatch
+):
+    """The package becomes ready after a few blocks (as when a background build finishes):
+    the run continues on the lean loop from the quick path's state, and the draws are those
+    of a quick run."""
+    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(package_dir))
+    model, args, kwargs = model_and_data
+    quick = _run(model, args, kwargs, "quick")
+    real_poll = lean.TieredBuild.poll
+    polls = []
+
+    def late_poll(self):
+        polls.append(1)
+        return real_poll(self) if len(polls) > 3 else None
+
+    monkeypatch.setattr(lean.TieredBuild, "poll", late_poll)
+    quick_calls = []
+    real_call = ChunkedLoop.__call__
+    monkeypatch.setattr(
+        ChunkedLoop, "__call__", lambda self, *a: quick_calls.append(1) or real_call(self, *a)
+    )
+    auto = _run(model, args, kwargs, "auto")
+    assert len(quick_calls) == 3, "the first blocks should run on the quick path"
+    assert type(auto.kernel._block_loop).__name__ == "LeanLoop"
+    _assert_same_draws(auto, quick)
+
+
+@pytest.mark.slow
+def test_auto_executor_builds_in_the_background(model_and_data, tmp_path, monkeypatch):
+    """With nothing cached, the run samples on the quick path while another process builds
+    the package; the next run of the same model loads it."""
+    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "1")
+    model, args, kwargs = model_and_data
+    kernel = NUTS(model, executor="auto", block_size=16)
+    first = _run(model, args, kwargs, "auto", kernel)
+    build = kernel._tiered
+    assert build.failed is None
+    build.wait(timeout=900)
+    assert build._process.returncode == 0, open(next(tmp_path.glob("*.log"))).read()
+    assert [p.name for p in tmp_path.iterdir()] == [build.path.rsplit("/", 1)[1]]
+    second = _run(model, args, kwargs, "auto", kernel)
+    assert type(kernel._block_loop).__name__ == "LeanLoop"
+    _assert_same_draws(second, first)
+
+
+def test_auto_executor_stays_quick_on_one_cpu(model_and_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "0")
+    model, args, kwargs = model_and_data
+    mcmc = _run(model, args, kwargs, "auto")
+    assert type(mcmc.kernel._block_loop).__name__ == "ChunkedLoop"
+    assert not mcmc.kernel._tiered.pending
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_auto_executor_warns_when_the_background_build_fails(
+    model_and_data, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "1")
+    monkeypatch.setattr(
+        lean,
+        "_start_build",
+        lambda gm, inputs, path: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]),
+    )
+    model, args, kwargs = model_and_data
+    kernel = NUTS(model, executor="auto", block_size=16)
+    # the fake build exits at once; the run polls it at every block after the first
+    with pytest.warns(UserWarning, match="background build exited with 3.*quick path"):
+        mcmc = _run(model, args, kwargs, "auto", kernel)
+    assert kernel._tiered.failed.startswith("background build exited with 3")
+    assert type(kernel._block_loop).__name__ == "ChunkedLoop"
+    assert mcmc.get_samples()["mu"].shape == (120,)
+
+
+def test_executor_is_checked():
+    with pytest.raises(ValueError, match="executor must be 'quick', 'lean' or 'auto'"):
+        NUTS(eight_schools, executor="fast")
 
 
 def test_lean_executor_falls_back_with_a_warning(model_and_data, monkeypatch, tmp_path):

@@ -88,7 +88,9 @@ def _keep_torch_validation_default() -> None:
     torch.distributions.Distribution.set_default_validate_args(prior)
 
 
-def compile_fn(fn: Callable, enabled: bool = True, threads: int = 1) -> Callable:
+def compile_fn(
+    fn: Callable, enabled: bool = True, threads: int = 1, options: dict | None = None
+) -> Callable:
     """``torch.compile(fn, fullgraph=True, dynamic=False)`` on a fresh code object, or ``fn``.
 
     ``fullgraph=True`` turns any graph break into an error, so a compiled path never runs
@@ -102,7 +104,10 @@ def compile_fn(fn: Callable, enabled: bool = True, threads: int = 1) -> Callable
         return fn
     _keep_torch_validation_default()
     return torch.compile(
-        _fresh_function(fn), fullgraph=True, dynamic=False, options={"cpp.threads": threads}
+        _fresh_function(fn),
+        fullgraph=True,
+        dynamic=False,
+        options={"cpp.threads": threads, **(options or {})},
     )
 
 

@@ -19,6 +19,12 @@ from ..compile import compile_fn
 
 __all__ = ["ChunkedLoop"]
 
+# The generated host code checks every input's sizes, strides and alignment on each call
+# (about sixty checks for a NUTS block state); the loop only feeds a chunk its own outputs,
+# whose layout the first calls fixed, so the checks are left out: 126 -> 100 us per call on
+# eight schools (4 chains, one core). ``cpp_wrapper`` would save 5 us more for 2 s of compile.
+_UNCHECKED = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
+
 
 class ChunkedLoop:
     """Run ``iteration(state, *args)`` in chunks until ``state.done`` holds for every chain.
@@ -50,7 +56,7 @@ class ChunkedLoop:
                 state = iteration(state, *args)
             return state
 
-        self._chunk = compile_fn(chunk, compiled)
+        self._chunk = compile_fn(chunk, compiled, options=_UNCHECKED)
         self.calls = 0
         self.interrupted = False
 

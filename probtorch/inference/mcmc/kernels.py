@@ -9,6 +9,7 @@ them (compiled chunks) in :mod:`.executor`; warmup adaptation in :mod:`.warmup`.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -26,7 +27,7 @@ from .adaptation import (
 from .executor import ChunkedLoop
 from .hmc import hmc_draw_randomness, hmc_init, hmc_iteration
 from .integrator import kinetic_energy, leapfrog, sample_momentum
-from .lean import build_lean_loop
+from .lean import TieredBuild, build_lean_loop
 from .nuts import (
     TransitionResult,
     draw_randomness,
@@ -268,9 +269,15 @@ class NUTS(_HamiltonianKernel):
             the process's one-time compiler start-up). 1 is the default (the shortest time
             to the first draw); 2 or 4 pay off for long runs.
         block_size: transitions per chain between returns to Python.
-        executor: ``"quick"`` (``torch.compile``, seconds to build) or ``"lean"``
-            (AOTInductor with a C++ loop: a minute to build, cached on disk, several times
-            less time per step; see :mod:`probtorch.inference.mcmc.lean`).
+        executor: ``"quick"`` (``torch.compile``: seconds to build), ``"lean"``
+            (AOTInductor with a C++ loop: half a minute to a minute to build, cached on
+            disk, about six times less time per leapfrog step on small models; see
+            :mod:`probtorch.inference.mcmc.lean`) or ``"auto"`` (the default; the
+            environment variable ``PROBTORCH_EXECUTOR`` changes it): the lean executor at
+            once when its package is cached, else the quick path while a background process
+            builds the package (where two CPUs are free, see
+            :func:`~probtorch.inference.mcmc.lean.background_builds_allowed`), switching to
+            it at a block boundary when it is ready. The draws are the same on every path.
 
     Example::
 
@@ -292,12 +299,14 @@ class NUTS(_HamiltonianKernel):
         max_tree_depth: int = 10,
         max_delta_energy: float = 1000.0,
         block_size: int = 64,
-        executor: str = "quick",
+        executor: str | None = None,
         **kwargs,
     ):
         super().__init__(model, **kwargs)
-        if executor not in ("quick", "lean"):
-            raise ValueError(f"executor must be 'quick' or 'lean', got {executor!r}")
+        if executor is None:
+            executor = os.environ.get("PROBTORCH_EXECUTOR", "auto").strip().lower() or "auto"
+        if executor not in ("quick", "lean", "auto"):
+            raise ValueError(f"executor must be 'quick', 'lean' or 'auto', got {executor!r}")
         self.executor = executor
         if not 1 <= max_tree_depth <= 20:
             raise ValueError(f"max_tree_depth must lie in [1, 20], got {max_tree_depth}")
@@ -330,12 +339,18 @@ class NUTS(_HamiltonianKernel):
         self._block_loop = ChunkedLoop(
             block_step, self.chunk_size, potential.compiled, done=lambda s: s.block_done
         )
-        self._lean_pending = self.executor == "lean" and potential.compiled
+        self._lean_pending = self.executor != "quick" and potential.compiled
+        self._tiered: TieredBuild | None = None
 
     def _use_lean(self, block, block_args) -> None:
-        """Build the lean executor on first use (from the first block's shapes)."""
+        """Set up the lean executor on first use (from the first block's shapes).
+
+        ``"lean"`` builds it now (or loads it from the cache); ``"auto"`` loads it if it is
+        cached and otherwise starts a background build that :meth:`_poll_lean` picks up.
+        """
         self._lean_pending = False
-        lean = build_lean_loop(
+        build = build_lean_loop if self.executor == "lean" else TieredBuild
+        result = build(
             self._block_step,
             block,
             block_args,
@@ -343,8 +358,19 @@ class NUTS(_HamiltonianKernel):
             done=lambda s: s.block_done,
             key=f"nuts-L{self.max_tree_depth}-{self.max_delta_energy}-{self.target_accept_prob}",
         )
-        if lean is not None:
-            self._block_loop = lean
+        if isinstance(result, TieredBuild):
+            self._tiered = result
+            result = result.poll()
+        if result is not None:
+            self._block_loop = result
+
+    def _poll_lean(self) -> None:
+        """Switch to the lean executor once its background build has finished."""
+        if self._tiered is None or self._tiered.loop is not None or self._tiered.failed:
+            return
+        loop = self._tiered.poll()
+        if loop is not None:
+            self._block_loop = loop
 
     def run_segment(
         self,
@@ -380,6 +406,8 @@ class NUTS(_HamiltonianKernel):
                 block_args = (rand, state.inverse_mass, state.mass_sqrt, t_limit) + flags
                 if self._lean_pending:
                     self._use_lean(block, block_args)
+                else:
+                    self._poll_lean()
                 block = self._block_loop(block, *block_args)
                 out = block.out._asdict()
                 for c, k in enumerate(block.t.tolist()):

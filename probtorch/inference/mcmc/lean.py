@@ -23,8 +23,12 @@ used.
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import importlib
 import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -33,7 +37,13 @@ from torch.utils import _pytree as pytree
 
 from ...validation import torch_validation
 
-__all__ = ["LeanLoop", "build_lean_loop", "lean_cache_dir"]
+__all__ = [
+    "LeanLoop",
+    "TieredBuild",
+    "background_builds_allowed",
+    "build_lean_loop",
+    "lean_cache_dir",
+]
 
 _DRIVER_SOURCE = r"""
 #include <torch/extension.h>
@@ -184,19 +194,8 @@ class LeanLoop:
         return pytree.tree_unflatten(leaves, self._state_spec)
 
 
-def build_lean_loop(
-    iteration: Callable,
-    example_state,
-    example_args: tuple,
-    chunk_size: int,
-    done: Callable,
-    key: str = "",
-) -> LeanLoop | None:
-    """Capture, compile (or load from the cache) and wrap the in-place chunk.
-
-    Returns None, with a warning, when it cannot be built here (no C++ toolchain, an
-    unsupported op); callers then use the quick path.
-    """
+def _trace_chunk(iteration, example_state, example_args, chunk_size, done, key):
+    """The in-place chunk as an FX graph, its example inputs and its package path."""
     state_leaves, state_spec = pytree.tree_flatten(example_state)
     arg_leaves, arg_spec = pytree.tree_flatten(example_args)
     num_state = len(state_leaves)
@@ -212,40 +211,228 @@ def build_lean_loop(
         flat[-1].copy_(done(state).all())
         return (flat[-1].clone(),)
 
-    inputs = [x.clone() for x in state_leaves + arg_leaves] + [torch.zeros((), dtype=torch.bool)]
-    try:
-        from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.proxy_tensor import make_fx
 
-        with torch_validation(False):
-            gm = make_fx(chunk_in_place)(*[x.clone() for x in inputs])
-        _replace_lift_fresh_copy(gm)
-        _fold_constants(gm)
-        digest = _fingerprint(gm, inputs, key + str(chunk_size))
-        os.makedirs(lean_cache_dir(), exist_ok=True)
-        path = os.path.join(lean_cache_dir(), f"nuts_chunk_{digest}.pt2")
+    inputs = [x.clone() for x in state_leaves + arg_leaves] + [torch.zeros((), dtype=torch.bool)]
+    with torch_validation(False):
+        gm = make_fx(chunk_in_place)(*[x.clone() for x in inputs])
+    _replace_lift_fresh_copy(gm)
+    _fold_constants(gm)
+    digest = _fingerprint(gm, inputs, key + str(chunk_size))
+    path = os.path.join(lean_cache_dir(), f"nuts_chunk_{digest}.pt2")
+    return gm, inputs, path, state_spec, num_state
+
+
+def _compile_package(gm: torch.fx.GraphModule, inputs: list, path: str) -> None:
+    """Export the chunk and compile it with AOTInductor into the package at ``path``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    exported = torch.export.export(_Exported(gm), tuple(x.clone() for x in inputs), strict=False)
+    tmp = path[: -len(".pt2")] + f".tmp{os.getpid()}.pt2"
+    torch._inductor.aoti_compile_and_package(
+        exported,
+        package_path=tmp,
+        inductor_configs={
+            "aot_inductor.allow_stack_allocation": True,
+            "size_asserts": False,
+            "alignment_asserts": False,
+            "scalar_asserts": False,
+            "cpp.threads": 1,
+        },
+    )
+    os.replace(tmp, path)  # atomic: readers never see a half-written package
+
+
+def _error_line(error: BaseException) -> str:
+    first = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {first}"
+
+
+def _warn_fallback(error: BaseException | str) -> None:
+    if isinstance(error, BaseException):
+        error = _error_line(error)
+    warnings.warn(
+        f"the lean executor could not be built ({error}); using the quick path", stacklevel=4
+    )
+
+
+def build_lean_loop(
+    iteration: Callable,
+    example_state,
+    example_args: tuple,
+    chunk_size: int,
+    done: Callable,
+    key: str = "",
+) -> LeanLoop | None:
+    """Capture, compile (or load from the cache) and wrap the in-place chunk.
+
+    Returns None, with a warning, when it cannot be built here (no C++ toolchain, an
+    unsupported op); callers then use the quick path.
+    """
+    try:
+        gm, inputs, path, state_spec, num_state = _trace_chunk(
+            iteration, example_state, example_args, chunk_size, done, key
+        )
         if not os.path.exists(path):
-            exported = torch.export.export(
-                _Exported(gm), tuple(x.clone() for x in inputs), strict=False
-            )
-            tmp = path[: -len(".pt2")] + f".tmp{os.getpid()}.pt2"
-            torch._inductor.aoti_compile_and_package(
-                exported,
-                package_path=tmp,
-                inductor_configs={
-                    "aot_inductor.allow_stack_allocation": True,
-                    "size_asserts": False,
-                    "alignment_asserts": False,
-                    "scalar_asserts": False,
-                    "cpp.threads": 1,
-                },
-            )
-            os.replace(tmp, path)
+            _compile_package(gm, inputs, path)
         runner = _load_driver().LeanRunner(path)
     except Exception as error:  # a missing toolchain or an unsupported op: fall back
-        warnings.warn(
-            f"the lean executor could not be built ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); using the quick path",
-            stacklevel=3,
-        )
+        _warn_fallback(error)
         return None
     return LeanLoop(runner, state_spec, num_state, chunk_size, path)
+
+
+def background_builds_allowed() -> bool:
+    """Build lean packages in a background process? ``PROBTORCH_LEAN_BACKGROUND`` decides
+    (``1``/``0``); by default only where this process may use at least two CPUs, so that
+    the build does not take CPU time from the sampler."""
+    setting = os.environ.get("PROBTORCH_LEAN_BACKGROUND", "").strip().lower()
+    if setting in ("0", "false", "no", "off"):
+        return False
+    if setting in ("1", "true", "yes", "on"):
+        return True
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return cpus >= 2
+
+
+# packages being built by a background process, by path (one build per package)
+_building: dict[str, subprocess.Popen] = {}
+
+
+class TieredBuild:
+    """The lean executor for a chunk: loaded from the cache, or built in the background.
+
+    ``TieredBuild(...)`` traces the chunk (about a second). If its package is on disk,
+    :meth:`poll` returns the lean loop at once. Otherwise, when background builds are
+    allowed (:func:`background_builds_allowed`), a separate, low-priority Python process
+    exports and compiles the package while the caller samples on the quick path, and
+    :meth:`poll` returns the lean loop once the package is there. The build goes on if the
+    caller exits first, so the next run of the same model finds the package. Both
+    executors run the same graph on the same pre-drawn random numbers, so switching at a
+    block boundary does not change the draws.
+    """
+
+    def __init__(self, iteration, example_state, example_args, chunk_size, done, key=""):
+        self.loop: LeanLoop | None = None
+        self.failed: str | None = None
+        self._process: subprocess.Popen | None = None
+        self._chunk_size = chunk_size
+        try:
+            gm, inputs, self.path, self._state_spec, self._num_state = _trace_chunk(
+                iteration, example_state, example_args, chunk_size, done, key
+            )
+        except Exception as error:  # an op make_fx cannot trace: stay on the quick path
+            self.failed = _error_line(error)
+            _warn_fallback(self.failed)
+            return
+        if os.path.exists(_failure_marker(self.path)):
+            with open(_failure_marker(self.path)) as f:
+                self.failed = f.read().strip() or "an earlier build failed"
+            _warn_fallback(f"{self.failed}; delete {_failure_marker(self.path)} to retry")
+            return
+        if os.path.exists(self.path) or not background_builds_allowed():
+            return
+        running = _building.get(self.path)
+        if running is not None and running.poll() is None:
+            self._process = running
+            return
+        self._process = _start_build(gm, inputs, self.path)
+        _building[self.path] = self._process
+
+    @property
+    def pending(self) -> bool:
+        """A background build is running."""
+        return self._process is not None and self._process.poll() is None
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the background build (tests, scripts that want the package now)."""
+        if self._process is not None:
+            self._process.wait(timeout)
+
+    def poll(self) -> LeanLoop | None:
+        """The lean loop if its package is ready (loaded once), else None."""
+        if self.loop is not None or self.failed is not None:
+            return self.loop
+        if self.pending:
+            return None
+        if self._process is not None and self._process.returncode != 0:
+            self.failed = _build_error(self.path, self._process.returncode)
+            _warn_fallback(self.failed)
+            return None
+        if not os.path.exists(self.path):
+            return None
+        try:
+            runner = _load_driver().LeanRunner(self.path)
+        except Exception as error:
+            self.failed = _error_line(error)
+            _warn_fallback(error)
+            return None
+        self.loop = LeanLoop(runner, self._state_spec, self._num_state, self._chunk_size, self.path)
+        return self.loop
+
+
+def _start_build(gm: torch.fx.GraphModule, inputs: list, path: str) -> subprocess.Popen:
+    """Start ``python -m probtorch.inference.mcmc.lean JOB`` on a saved graph."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    job = path[: -len(".pt2")] + f".job{os.getpid()}"
+    torch.save({"gm": gm, "inputs": inputs, "path": path}, job)
+    log = open(job + ".log", "w")  # noqa: SIM115 - the child owns it
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "probtorch.inference.mcmc.lean", job],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in the terminal stops the sampler, not the build
+        )
+    finally:
+        log.close()
+
+
+def _failure_marker(path: str) -> str:
+    """A file beside a package that could not be built, holding the error (no retries)."""
+    return path[: -len(".pt2")] + ".failed"
+
+
+def _build_error(path: str, returncode: int) -> str:
+    logs = sorted(
+        glob.glob(path[: -len(".pt2")] + ".job*.log"), key=os.path.getmtime, reverse=True
+    )
+    last = ""
+    if logs:
+        with open(logs[0]) as f:
+            lines = [line.strip() for line in f if line.strip()]
+        last = lines[-1] if lines else ""
+    return f"background build exited with {returncode}: {last}"
+
+
+def _main(job: str) -> int:
+    """The background build: compile the saved graph's package and the C++ driver."""
+    try:
+        os.nice(10)
+    except OSError:  # pragma: no cover
+        pass
+    torch.set_num_threads(1)
+    # make_fx graphs re-traced by export expect what Dynamo imports in the sampler's process
+    importlib.import_module("torch._dynamo")
+    importlib.import_module("torch._higher_order_ops.triton_kernel_wrap")
+
+    spec = torch.load(job, weights_only=False)
+    try:
+        if not os.path.exists(spec["path"]):
+            _compile_package(spec["gm"], spec["inputs"], spec["path"])
+        _load_driver()  # built once per machine; the sampler then loads it in milliseconds
+    except Exception as error:
+        with open(_failure_marker(spec["path"]), "w") as f:
+            f.write(_error_line(error))
+        raise
+    finally:
+        os.remove(job)
+    os.remove(job + ".log")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1]))
