@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from filelock import FileLock
 from models import eight_schools, eight_schools_data
 
 import probtorch as pt
@@ -16,13 +17,19 @@ from probtorch.inference.mcmc import lean
 from probtorch.inference.mcmc.executor import ChunkedLoop
 from probtorch.reparam import LocScaleReparam
 
-# One worker builds the package; the tests after it in this file load it from the cache.
-pytestmark = pytest.mark.xdist_group("lean_executor")
 
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def package_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("lean_packages")
+    """A package cache shared by the pytest-xdist workers: the package is built once."""
+    root = tmp_path_factory.getbasetemp().parent / "lean_packages"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def _lean_run_locked(package_dir, model, args, kwargs):
+    """A lean run (building the package unless another worker has): one build at a time."""
+    with FileLock(str(package_dir / "build.lock")):
+        return _run(model, args, kwargs, "lean")
 
 
 @pytest.fixture
@@ -52,7 +59,7 @@ def test_lean_executor_matches_quick_path_draw_for_draw(model_and_data, package_
     monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(package_dir))
     model, args, kwargs = model_and_data
     quick = _run(model, args, kwargs, "quick")
-    lean_run = _run(model, args, kwargs, "lean")
+    lean_run = _lean_run_locked(package_dir, model, args, kwargs)
     assert type(lean_run.kernel._block_loop).__name__ == "LeanLoop"
     _assert_same_draws(lean_run, quick)
     # a second sampler of the same model and shapes loads the cached package
@@ -68,10 +75,11 @@ def test_auto_executor_uses_a_cached_package_at_once(model_and_data, package_dir
     monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(package_dir))
     monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "1")
     model, args, kwargs = model_and_data
+    _lean_run_locked(package_dir, model, args, kwargs)  # the package is on disk
     quick = _run(model, args, kwargs, "quick")
     auto = _run(model, args, kwargs, "auto")
     loop = auto.kernel._block_loop
-    assert type(loop).__name__ == "LeanLoop", "the package from the first test was not used"
+    assert type(loop).__name__ == "LeanLoop", "the cached package was not used"
     assert auto.kernel._tiered.pending is False  # nothing was built
     _assert_same_draws(auto, quick)
 
@@ -85,6 +93,7 @@ def test_auto_executor_switches_mid_run_without_changing_the_draws(
     of a quick run."""
     monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(package_dir))
     model, args, kwargs = model_and_data
+    _lean_run_locked(package_dir, model, args, kwargs)  # the package is on disk
     quick = _run(model, args, kwargs, "quick")
     real_poll = lean.TieredBuild.poll
     polls = []

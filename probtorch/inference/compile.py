@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["compile_enabled", "compile_fn", "CompileStats", "count_compiles"]
+__all__ = [
+    "compile_enabled",
+    "compile_fn",
+    "skip_guards",
+    "CompileStats",
+    "count_compiles",
+]
 
 _FALSE = {"0", "false", "no", "off"}
 
@@ -109,6 +115,23 @@ def compile_fn(
         dynamic=False,
         options={"cpp.threads": threads, **(options or {})},
     )
+
+
+def skip_guards(compiled: bool = True):
+    """Skip Dynamo's guard checks on calls inside the block (a context manager).
+
+    For loops that feed a compiled function its own outputs, or inputs of the shapes,
+    strides, dtypes and devices it was compiled for (checked on its first calls): the
+    guards then only cost time (about 20% per NUTS step on eight schools). This is
+    Dynamo's ``skip_guard_eval_unsafe`` stance; ``PROBTORCH_CHECK_GUARDS=1`` keeps the
+    guards, and so does any stance a user has set (e.g. ``force_eager``).
+    """
+    if not compiled or os.environ.get("PROBTORCH_CHECK_GUARDS") == "1":
+        return contextlib.nullcontext()
+    current = getattr(torch._dynamo.eval_frame, "_stance", None)
+    if current is None or current.stance != "default":
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
 @dataclass

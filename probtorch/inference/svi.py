@@ -55,7 +55,7 @@ from ..optim import Optimizer
 from ..params import ParamStore, param_scope
 from ..runtime import Message, Messenger
 from ..validation import torch_validation
-from .compile import _fresh_function, compile_enabled, inference_threads
+from .compile import _fresh_function, compile_enabled, inference_threads, skip_guards
 from .elbo import ELBO, _Record, _Seeded
 
 __all__ = ["SVI", "SVIRunResult", "NonFiniteLossError"]
@@ -556,9 +556,17 @@ class SVI:
         block = self.steps_per_call if num_steps >= self.steps_per_call else max(num_steps, 1)
         bar = tqdm(total=num_steps, disable=not progress_bar, desc="SVI")
         done = 0
+        calls = 0
+        guards = contextlib.ExitStack()
         try:
-            with self._rng():
+            with self._rng(), guards:
                 while done < num_steps:
+                    if calls == 2:
+                        # The first two calls checked Dynamo's guards (compiling if
+                        # needed); the arguments stay the same for the rest of this run and
+                        # the state is the block's own output, so later calls skip them.
+                        guards.enter_context(skip_guards(self.compiled))
+                    calls += 1
                     active = min(block, num_steps - done)
                     losses, oks = self._run_block(block, active, args, kwargs)
                     if not all(oks):

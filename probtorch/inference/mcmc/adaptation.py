@@ -131,6 +131,9 @@ def welford_final(state: WelfordState) -> torch.Tensor:
     covariance = state.m2 / (n - 1)
     shrink = 5.0 / (n + 5.0)
     if covariance.dim() == 3:
+        # exactly symmetric (the running sums are not, by rounding): the samplers multiply
+        # momenta by it from the right, r^T M^{-1}, which equals M^{-1} r only then
+        covariance = 0.5 * (covariance + covariance.transpose(-1, -2))
         eye = torch.eye(covariance.shape[-1], dtype=covariance.dtype, device=covariance.device)
         return (n / (n + 5.0)) * covariance + 1e-3 * shrink * eye
     return (n / (n + 5.0)) * covariance + 1e-3 * shrink

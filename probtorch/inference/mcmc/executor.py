@@ -8,14 +8,10 @@ runs eagerly, with the same results.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable
 
-import torch
-
 from ...validation import torch_validation
-from ..compile import compile_fn
+from ..compile import compile_fn, skip_guards
 
 __all__ = ["ChunkedLoop"]
 
@@ -74,20 +70,10 @@ class ChunkedLoop:
                         return state
                     state = self._chunk(state, *args)
                     self.calls += 1
-                with _skip_guards(self.compiled):
+                with skip_guards(self.compiled):
                     while not bool(self.done(state).all()):
                         state = self._chunk(state, *args)
                         self.calls += 1
             except KeyboardInterrupt:
                 self.interrupted = True
         return state
-
-
-def _skip_guards(compiled: bool):
-    """Dynamo's unsafe guard skipping (``PROBTORCH_CHECK_GUARDS=1`` keeps the guards)."""
-    if not compiled or os.environ.get("PROBTORCH_CHECK_GUARDS") == "1":
-        return contextlib.nullcontext()
-    current = getattr(torch._dynamo.eval_frame, "_stance", None)
-    if current is None or current.stance != "default":  # e.g. a user's force_eager
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)

@@ -14,10 +14,19 @@ __all__ = ["velocity", "kinetic_energy", "sample_momentum", "leapfrog"]
 
 
 def velocity(inverse_mass: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """``M^{-1} r`` per chain."""
-    if inverse_mass.dim() == r.dim():  # diagonal
-        return inverse_mass * r
-    return (inverse_mass @ r.unsqueeze(-1)).squeeze(-1)
+    """``M^{-1} r`` per chain, for momenta ``r`` of shape ``(C, D)`` or ``(C, K, D)``.
+
+    A dense ``M^{-1}`` must be exactly symmetric (the kernels make it so): the rows of ``r``
+    are multiplied by it from the right, one batched product per chain. Inductor compiles
+    that form into a loop vectorized along the rows of ``M^{-1}``, about twice as fast as
+    ``M^{-1} @ r`` at D = 100; broadcasting ``M^{-1}`` against a stack of momenta would
+    also expand it to ``(C, K, D, D)``.
+    """
+    if inverse_mass.dim() == 2:  # diagonal, (C, D)
+        shape = (inverse_mass.shape[0],) + (1,) * (r.dim() - 2) + (inverse_mass.shape[1],)
+        return inverse_mass.reshape(shape) * r
+    rows = r.reshape(r.shape[0], -1, r.shape[-1])
+    return (rows @ inverse_mass).reshape(r.shape)
 
 
 def kinetic_energy(inverse_mass: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

@@ -184,6 +184,8 @@ class _HamiltonianKernel:
                 f"for the {dim} unconstrained dims of sites {self.potential.site_names}, got "
                 f"{tuple(given.shape)}"
             )
+        if self.dense_mass:  # exactly symmetric: see integrator.velocity
+            given = 0.5 * (given + given.transpose(-1, -2))
         return given.expand((num_chains,) + expected).clone()
 
     def reset_step_size(self, state: SamplerState) -> SamplerState:

@@ -78,6 +78,11 @@ class NUTSState(NamedTuple):
     ckpt_r: torch.Tensor  # (C, max_depth, D) momenta at subtree starts
     ckpt_rho: torch.Tensor  # (C, max_depth, D) inclusive momentum sums there
     ckpt_r_prev: torch.Tensor  # (C, max_depth, D) momenta of the leaf before each start
+    # velocities M^{-1} r of the previous leaf and of the checkpointed momenta, kept so that
+    # each leapfrog multiplies by the metric for a few momenta only (not 3 * max_depth)
+    v_prev: torch.Tensor
+    ckpt_v: torch.Tensor
+    ckpt_v_prev: torch.Tensor
     # statistics
     num_steps: torch.Tensor
     sum_accept: torch.Tensor
@@ -108,7 +113,8 @@ def init_transition(
     """Start a transition at ``z``: fresh momentum, a one-point tree."""
     C, D = z.shape
     r = sample_momentum(mass_sqrt, momentum_noise)
-    energy0 = potential_energy + kinetic_energy(inverse_mass, r)
+    v = velocity(inverse_mass, r)
+    energy0 = potential_energy + 0.5 * (r * v).sum(-1)
     zeros_cd = torch.zeros_like(z)
     zeros_c = torch.zeros_like(potential_energy)
     long_zeros = torch.zeros(C, dtype=torch.int64, device=z.device)
@@ -122,7 +128,7 @@ def init_transition(
         energy0, zeros_c.clone(), r.clone(), long_zeros.clone(), false.clone(),
         long_zeros.clone(), z.clone(), r.clone(), potential_energy.clone(), grad.clone(),
         zeros_c.clone(), zeros_cd.clone(), zeros_cd.clone(), zeros_cd.clone(), r.clone(),
-        ckpt.clone(), ckpt.clone(), ckpt.clone(),
+        ckpt.clone(), ckpt.clone(), ckpt.clone(), v.clone(), ckpt.clone(), ckpt.clone(),
         long_zeros.clone(), zeros_c.clone(), false.clone(),
     )  # fmt: skip
 
@@ -183,7 +189,8 @@ def nuts_step(
     g_edge = torch.where(right, s.g_right, s.g_left)
     signed_step = torch.where(right_now, step_size, -step_size)
     z, r, pe, g = leapfrog(value_and_grad, z_edge, r_edge, g_edge, signed_step, inverse_mass)
-    energy = pe + kinetic_energy(inverse_mass, r)
+    v = velocity(inverse_mass, r)
+    energy = pe + 0.5 * (r * v).sum(-1)
     delta = energy - s.energy0
     delta = torch.where(torch.isnan(delta), torch.full_like(delta, float("inf")), delta)
     leaf_diverging = delta > max_delta_energy
@@ -216,6 +223,8 @@ def nuts_step(
     ckpt_r = torch.where(store, r.unsqueeze(1), s.ckpt_r)
     ckpt_rho = torch.where(store, rho_sub.unsqueeze(1), s.ckpt_rho)
     ckpt_r_prev = torch.where(store, s.r_prev.unsqueeze(1), s.ckpt_r_prev)
+    ckpt_v = torch.where(store, v.unsqueeze(1), s.ckpt_v)
+    ckpt_v_prev = torch.where(store, s.v_prev.unsqueeze(1), s.ckpt_v_prev)
 
     # at odd leaves, check every sub-subtree that ends here (levels idx_min..idx_max).
     # Level i starts at checkpoint i; its second half starts at checkpoint i + 1, or at
@@ -232,11 +241,10 @@ def nuts_step(
     rho_all = rho_sub.unsqueeze(1) - rho_upto_start
     rho_first_half = rho_upto_half - rho_upto_start
     rho_second_half = rho_sub.unsqueeze(1) - rho_upto_half
-    inv_mass_l = inverse_mass.unsqueeze(1)
-    v_start = velocity(inv_mass_l, ckpt_r)
-    v_end = velocity(inverse_mass, r).unsqueeze(1)
-    v_half = velocity(inv_mass_l, r_half)
-    v_before_half = velocity(inv_mass_l, r_before_half)
+    # velocities are linear in the momenta: shift the stored ones like the momenta
+    v_start, v_end = ckpt_v, v.unsqueeze(1)
+    v_half = shifted(ckpt_v, v)
+    v_before_half = shifted(ckpt_v_prev, s.v_prev)
     keeps_going = (
         _no_uturn(v_start, v_end, rho_all)
         & _no_uturn(v_start, v_half, rho_first_half + r_half)
@@ -263,14 +271,16 @@ def nuts_step(
     log_weight = torch.where(valid, torch.logaddexp(s.log_weight, log_w_sub), s.log_weight)
     r_outer = torch.where(right, s.r_left, s.r_right)
     rho_total = s.rho + rho_sub
-    v_outer = velocity(inverse_mass, r_outer)
-    v_new = velocity(inverse_mass, r)
+    v_new = v
+    v_outer, v_sub_first, v_inner = velocity(
+        inverse_mass, torch.stack([r_outer, r_sub_first, r_inner], 1)
+    ).unbind(1)
     # Stan's checks around the merged tree and across the two parts (each part extended by
     # the neighbouring point of the other); they do not depend on the direction.
     tree_keeps_going = (
         _no_uturn(v_outer, v_new, rho_total)
-        & _no_uturn(v_outer, velocity(inverse_mass, r_sub_first), s.rho + r_sub_first)
-        & _no_uturn(velocity(inverse_mass, r_inner), v_new, rho_sub + r_inner)
+        & _no_uturn(v_outer, v_sub_first, s.rho + r_sub_first)
+        & _no_uturn(v_inner, v_new, rho_sub + r_inner)
     )
     rho = torch.where(valid.unsqueeze(-1), rho_total, s.rho)
     depth = torch.where(valid, s.depth + 1, s.depth)
@@ -290,7 +300,7 @@ def nuts_step(
         s.energy0, log_weight, rho, depth, s.done | finished,
         torch.where(sub_done, torch.zeros_like(next_leaf), next_leaf),
         z_sub, r_sub, pe_sub, g_sub, log_w_sub, rho_sub, r_sub_first, r_inner, r,
-        ckpt_r, ckpt_rho, ckpt_r_prev,
+        ckpt_r, ckpt_rho, ckpt_r_prev, v, ckpt_v, ckpt_v_prev,
         s.num_steps + 1, s.sum_accept + accept_prob, s.diverging | leaf_diverging,
     )  # fmt: skip
     # chains that had already finished keep their state
