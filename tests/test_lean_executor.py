@@ -151,7 +151,7 @@ def test_auto_executor_warns_when_the_background_build_fails(
     monkeypatch.setattr(
         lean,
         "_start_build",
-        lambda gm, inputs, path: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]),
+        lambda *a: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]),
     )
     model, args, kwargs = model_and_data
     kernel = NUTS(model, executor="auto", block_size=16)

@@ -235,6 +235,23 @@ class Potential:
         self._value_and_grad = compile_fn(batched_value_and_grad, self.compiled)
         self._constrain = batched_constrain  # output only, not in a hot loop
 
+    @property
+    def largest_numel(self) -> int:
+        """Elements in the model's largest tensor for one chain: a site's value or log
+        density terms, an argument, or the unconstrained vector. Samplers choose code
+        generation by it (vector instructions pay off only on long loops)."""
+        sizes = [self.dim]
+        for site in self.prototype_trace.values():
+            if isinstance(site.value, torch.Tensor):
+                sizes.append(site.value.numel())
+            shape = getattr(site.fn, "batch_shape", None)
+            if shape is not None:
+                sizes.append(torch.Size(shape).numel())
+        for x in torch.utils._pytree.tree_leaves((self.model_args, self.model_kwargs)):
+            if isinstance(x, torch.Tensor):
+                sizes.append(x.numel())
+        return max(sizes)
+
     # -- set-up -----------------------------------------------------------------------
     def _latent_sites(self, tr: Trace) -> list[LatentSite]:
         sites, offset = [], 0

@@ -32,6 +32,7 @@ class ChunkedLoop:
             and more compile time; iterations of finished chains are wasted.
         compiled: compile the chunk.
         done: the state's all-finished flag, batched over chains.
+        options: more Inductor options for the chunk (see :func:`~.kernels.codegen_options`).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class ChunkedLoop:
         chunk_size: int = 4,
         compiled: bool = True,
         done: Callable = lambda state: state.done,
+        options: dict | None = None,
     ):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -52,7 +54,7 @@ class ChunkedLoop:
                 state = iteration(state, *args)
             return state
 
-        self._chunk = compile_fn(chunk, compiled, options=_UNCHECKED)
+        self._chunk = compile_fn(chunk, compiled, options={**_UNCHECKED, **(options or {})})
         self.calls = 0
         self.interrupted = False
 

@@ -223,7 +223,9 @@ def _trace_chunk(iteration, example_state, example_args, chunk_size, done, key):
     return gm, inputs, path, state_spec, num_state
 
 
-def _compile_package(gm: torch.fx.GraphModule, inputs: list, path: str) -> None:
+def _compile_package(
+    gm: torch.fx.GraphModule, inputs: list, path: str, configs: dict | None = None
+) -> None:
     """Export the chunk and compile it with AOTInductor into the package at ``path``."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     exported = torch.export.export(_Exported(gm), tuple(x.clone() for x in inputs), strict=False)
@@ -237,6 +239,7 @@ def _compile_package(gm: torch.fx.GraphModule, inputs: list, path: str) -> None:
             "alignment_asserts": False,
             "scalar_asserts": False,
             "cpp.threads": 1,
+            **(configs or {}),
         },
     )
     os.replace(tmp, path)  # atomic: readers never see a half-written package
@@ -262,18 +265,21 @@ def build_lean_loop(
     chunk_size: int,
     done: Callable,
     key: str = "",
+    inductor_configs: dict | None = None,
 ) -> LeanLoop | None:
     """Capture, compile (or load from the cache) and wrap the in-place chunk.
 
     Returns None, with a warning, when it cannot be built here (no C++ toolchain, an
-    unsupported op); callers then use the quick path.
+    unsupported op); callers then use the quick path. ``inductor_configs`` are added to
+    AOTInductor's options (and to the package's cache key).
     """
+    key = key + repr(sorted((inductor_configs or {}).items()))
     try:
         gm, inputs, path, state_spec, num_state = _trace_chunk(
             iteration, example_state, example_args, chunk_size, done, key
         )
         if not os.path.exists(path):
-            _compile_package(gm, inputs, path)
+            _compile_package(gm, inputs, path, inductor_configs)
         runner = _load_driver().LeanRunner(path)
     except Exception as error:  # a missing toolchain or an unsupported op: fall back
         _warn_fallback(error)
@@ -314,7 +320,17 @@ class TieredBuild:
     block boundary does not change the draws.
     """
 
-    def __init__(self, iteration, example_state, example_args, chunk_size, done, key=""):
+    def __init__(
+        self,
+        iteration,
+        example_state,
+        example_args,
+        chunk_size,
+        done,
+        key="",
+        inductor_configs: dict | None = None,
+    ):
+        key = key + repr(sorted((inductor_configs or {}).items()))
         self.loop: LeanLoop | None = None
         self.failed: str | None = None
         self._process: subprocess.Popen | None = None
@@ -338,7 +354,7 @@ class TieredBuild:
         if running is not None and running.poll() is None:
             self._process = running
             return
-        self._process = _start_build(gm, inputs, self.path)
+        self._process = _start_build(gm, inputs, self.path, inductor_configs)
         _building[self.path] = self._process
 
     @property
@@ -373,11 +389,13 @@ class TieredBuild:
         return self.loop
 
 
-def _start_build(gm: torch.fx.GraphModule, inputs: list, path: str) -> subprocess.Popen:
+def _start_build(
+    gm: torch.fx.GraphModule, inputs: list, path: str, configs: dict | None = None
+) -> subprocess.Popen:
     """Start ``python -m probtorch.inference.mcmc.lean JOB`` on a saved graph."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     job = path[: -len(".pt2")] + f".job{os.getpid()}"
-    torch.save({"gm": gm, "inputs": inputs, "path": path}, job)
+    torch.save({"gm": gm, "inputs": inputs, "path": path, "configs": configs}, job)
     log = open(job + ".log", "w")  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(
@@ -422,7 +440,7 @@ def _main(job: str) -> int:
     spec = torch.load(job, weights_only=False)
     try:
         if not os.path.exists(spec["path"]):
-            _compile_package(spec["gm"], spec["inputs"], spec["path"])
+            _compile_package(spec["gm"], spec["inputs"], spec["path"], spec.get("configs"))
         _load_driver()  # built once per machine; the sampler then loads it in milliseconds
     except Exception as error:
         with open(_failure_marker(spec["path"]), "w") as f:
