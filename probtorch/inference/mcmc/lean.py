@@ -223,12 +223,20 @@ def _trace_chunk(iteration, example_state, example_args, chunk_size, done, key):
     return gm, inputs, path, state_spec, num_state
 
 
+def _export(gm: torch.fx.GraphModule, inputs: list):
+    return torch.export.export(_Exported(gm), tuple(x.clone() for x in inputs), strict=False)
+
+
 def _compile_package(
     gm: torch.fx.GraphModule, inputs: list, path: str, configs: dict | None = None
 ) -> None:
     """Export the chunk and compile it with AOTInductor into the package at ``path``."""
+    _compile_exported(_export(gm, inputs), path, configs)
+
+
+def _compile_exported(exported, path: str, configs: dict | None = None) -> None:
+    """Compile an exported chunk with AOTInductor into the package at ``path``."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    exported = torch.export.export(_Exported(gm), tuple(x.clone() for x in inputs), strict=False)
     tmp = path[: -len(".pt2")] + f".tmp{os.getpid()}.pt2"
     torch._inductor.aoti_compile_and_package(
         exported,
@@ -392,10 +400,17 @@ class TieredBuild:
 def _start_build(
     gm: torch.fx.GraphModule, inputs: list, path: str, configs: dict | None = None
 ) -> subprocess.Popen:
-    """Start ``python -m probtorch.inference.mcmc.lean JOB`` on a saved graph."""
+    """Start ``python -m probtorch.inference.mcmc.lean JOB`` on the exported chunk.
+
+    The chunk is exported here (about a second), as :func:`build_lean_loop` does, so that
+    the other process compiles the very program this one would: re-tracing the graph in a
+    fresh process can change it (a package built that way once gave other draws).
+    """
     os.makedirs(os.path.dirname(path), exist_ok=True)
     job = path[: -len(".pt2")] + f".job{os.getpid()}"
-    torch.save({"gm": gm, "inputs": inputs, "path": path, "configs": configs}, job)
+    torch.export.save(_export(gm, inputs), job + ".ep")
+    torch.save({"program": job + ".ep", "path": path, "configs": configs,
+                "dtype": torch.get_default_dtype()}, job)  # fmt: skip
     log = open(job + ".log", "w")  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(
@@ -433,20 +448,23 @@ def _main(job: str) -> int:
     except OSError:  # pragma: no cover
         pass
     torch.set_num_threads(1)
-    # make_fx graphs re-traced by export expect what Dynamo imports in the sampler's process
+    # what Dynamo imports in the sampler's process, which lowering expects
     importlib.import_module("torch._dynamo")
     importlib.import_module("torch._higher_order_ops.triton_kernel_wrap")
 
     spec = torch.load(job, weights_only=False)
+    torch.set_default_dtype(spec["dtype"])  # as in the sampler's process
     try:
         if not os.path.exists(spec["path"]):
-            _compile_package(spec["gm"], spec["inputs"], spec["path"], spec.get("configs"))
+            exported = torch.export.load(spec["program"])
+            _compile_exported(exported, spec["path"], spec.get("configs"))
         _load_driver()  # built once per machine; the sampler then loads it in milliseconds
     except Exception as error:
         with open(_failure_marker(spec["path"]), "w") as f:
             f.write(_error_line(error))
         raise
     finally:
+        os.remove(spec["program"])
         os.remove(job)
     os.remove(job + ".log")
     return 0
