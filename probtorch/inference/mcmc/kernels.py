@@ -59,7 +59,11 @@ SCALAR_CODE_MAX_NUMEL = 64
 def codegen_options(potential: Potential) -> dict:
     """Inductor options for a sampler's compiled step on ``potential``'s model."""
     if potential.largest_numel <= SCALAR_CODE_MAX_NUMEL:
-        return {"cpp.vec_isa_ok": False}
+        # No vector ISA has a width of 1 bit, so Inductor picks none. (``cpp.vec_isa_ok=False``
+        # did the same only partly: its answer is cached per process, so code generated
+        # in a fresh process differed, and a fresh process compiling first with it emitted
+        # vector code without the vector headers.)
+        return {"cpp.simdlen": 1}
     return {}
 
 

@@ -408,8 +408,8 @@ def _start_build(
     """
     os.makedirs(os.path.dirname(path), exist_ok=True)
     job = path[: -len(".pt2")] + f".job{os.getpid()}"
-    torch.export.save(_export(gm, inputs), job + ".ep")
-    torch.save({"program": job + ".ep", "path": path, "configs": configs,
+    torch.export.save(_export(gm, inputs), job + ".program.pt2")
+    torch.save({"program": job + ".program.pt2", "path": path, "configs": configs,
                 "dtype": torch.get_default_dtype()}, job)  # fmt: skip
     log = open(job + ".log", "w")  # noqa: SIM115 - the child owns it
     try:
