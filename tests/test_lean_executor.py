@@ -2,6 +2,7 @@
 whether it is built before the run ("lean"), loaded from the cache or built in the background
 while the quick path samples ("auto")."""
 
+import os
 import subprocess
 import sys
 import time
@@ -21,7 +22,10 @@ from probtorch.reparam import LocScaleReparam
 @pytest.fixture(scope="session")
 def package_dir(tmp_path_factory):
     """A package cache shared by the pytest-xdist workers: the package is built once."""
-    root = tmp_path_factory.getbasetemp().parent / "lean_packages"
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # basetemp is per worker; its parent per run
+        base = base.parent
+    root = base / "lean_packages"
     root.mkdir(exist_ok=True)
     return root
 
