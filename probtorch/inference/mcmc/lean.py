@@ -14,11 +14,13 @@ executor removes that host work:
 3. a ~30-line C++ extension calls the compiled model until the flag is set, without
    returning to Python.
 
-Building costs about a minute on a small CPU (plus ~40 s for the C++ extension, once per
-machine), so this pays off for long runs and for models sampled repeatedly. Draws are the
-same as the quick path's (the same graph, the same pre-drawn random numbers). Where no C++
-toolchain is available, :func:`build_lean_loop` warns and returns None and the quick path is
-used.
+Building costs 15-25 s on one core of a small CPU (plus ~40 s for the C++ extension, once
+per machine), so this pays off for long runs and for models sampled repeatedly.
+:class:`TieredBuild` hides the build: it loads a cached package, or builds one in a
+background process while the sampler runs the quick path (``NUTS(executor="auto")``, the
+default). Draws are the same as the quick path's (the same graph, the same pre-drawn random
+numbers). Where no C++ toolchain is available, :func:`build_lean_loop` warns and returns
+None and the quick path is used.
 """
 
 from __future__ import annotations
