@@ -78,7 +78,12 @@ def spawn(script: str, cfg: dict, cpu: str | None, timeout: float) -> dict:
         cmd = ["taskset", "-c", cpu] + cmd
     if cfg.get("prebuild"):  # a second run: an untimed first run fills the caches
         first = [c if c != cmd[-1] else json.dumps(cfg["prebuild"]) for c in cmd]
-        subprocess.run(first, env=env, cwd=ROOT, capture_output=True, timeout=timeout)
+        pre = subprocess.run(first, env=env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=timeout)  # fmt: skip
+        if pre.returncode != 0:  # else the timed run would be a cold one, mislabelled
+            if cache:
+                shutil.rmtree(cache, ignore_errors=True)
+            return {"error": f"prebuild exit {pre.returncode}: {pre.stderr[-3000:]}"}
     load0 = loadavg()
     code = probtorch_version() if cfg["lib"] == "probtorch" else None
     t0 = time.perf_counter()

@@ -29,9 +29,13 @@ def velocity(inverse_mass: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     return (rows @ inverse_mass).reshape(r.shape)
 
 
-def kinetic_energy(inverse_mass: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """``r^T M^{-1} r / 2`` per chain, shape ``(C,)``."""
-    return 0.5 * (r * velocity(inverse_mass, r)).sum(-1)
+def kinetic_energy(
+    inverse_mass: torch.Tensor, r: torch.Tensor, v: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``r^T M^{-1} r / 2`` per chain, shape ``(C,)``; ``v``: ``M^{-1} r`` if known."""
+    if v is None:
+        v = velocity(inverse_mass, r)
+    return 0.5 * (r * v).sum(-1)
 
 
 def sample_momentum(mass_sqrt: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

@@ -196,8 +196,9 @@ class LeanLoop:
         return pytree.tree_unflatten(leaves, self._state_spec)
 
 
-def _trace_chunk(iteration, example_state, example_args, chunk_size, done, key):
-    """The in-place chunk as an FX graph, its example inputs and its package path."""
+def _trace_chunk(iteration, example_state, example_args, chunk_size, done, key, configs):
+    """The in-place chunk as an FX graph, its example inputs and its package path (keyed by
+    the graph, its constants and shapes, ``key`` and the Inductor ``configs``)."""
     state_leaves, state_spec = pytree.tree_flatten(example_state)
     arg_leaves, arg_spec = pytree.tree_flatten(example_args)
     num_state = len(state_leaves)
@@ -220,7 +221,7 @@ def _trace_chunk(iteration, example_state, example_args, chunk_size, done, key):
         gm = make_fx(chunk_in_place)(*[x.clone() for x in inputs])
     _replace_lift_fresh_copy(gm)
     _fold_constants(gm)
-    digest = _fingerprint(gm, inputs, key + str(chunk_size))
+    digest = _fingerprint(gm, inputs, key + str(chunk_size) + repr(sorted((configs or {}).items())))
     path = os.path.join(lean_cache_dir(), f"nuts_chunk_{digest}.pt2")
     return gm, inputs, path, state_spec, num_state
 
@@ -283,10 +284,9 @@ def build_lean_loop(
     unsupported op); callers then use the quick path. ``inductor_configs`` are added to
     AOTInductor's options (and to the package's cache key).
     """
-    key = key + repr(sorted((inductor_configs or {}).items()))
     try:
         gm, inputs, path, state_spec, num_state = _trace_chunk(
-            iteration, example_state, example_args, chunk_size, done, key
+            iteration, example_state, example_args, chunk_size, done, key, inductor_configs
         )
         if not os.path.exists(path):
             _compile_package(gm, inputs, path, inductor_configs)
@@ -340,14 +340,13 @@ class TieredBuild:
         key="",
         inductor_configs: dict | None = None,
     ):
-        key = key + repr(sorted((inductor_configs or {}).items()))
         self.loop: LeanLoop | None = None
         self.failed: str | None = None
         self._process: subprocess.Popen | None = None
         self._chunk_size = chunk_size
         try:
             gm, inputs, self.path, self._state_spec, self._num_state = _trace_chunk(
-                iteration, example_state, example_args, chunk_size, done, key
+                iteration, example_state, example_args, chunk_size, done, key, inductor_configs
             )
         except Exception as error:  # an op make_fx cannot trace: stay on the quick path
             self.failed = _error_line(error)
@@ -405,8 +404,8 @@ def _start_build(
     """Start ``python -m probtorch.inference.mcmc.lean JOB`` on the exported chunk.
 
     The chunk is exported here (about a second), as :func:`build_lean_loop` does, so that
-    the other process compiles the very program this one would: re-tracing the graph in a
-    fresh process can change it (a package built that way once gave other draws).
+    the other process compiles the very program this one would, rather than re-tracing
+    the graph in a process whose state (default dtype, imported modules) may differ.
     """
     os.makedirs(os.path.dirname(path), exist_ok=True)
     job = path[: -len(".pt2")] + f".job{os.getpid()}"

@@ -114,7 +114,7 @@ def init_transition(
     C, D = z.shape
     r = sample_momentum(mass_sqrt, momentum_noise)
     v = velocity(inverse_mass, r)
-    energy0 = potential_energy + 0.5 * (r * v).sum(-1)
+    energy0 = potential_energy + kinetic_energy(inverse_mass, r, v)
     zeros_cd = torch.zeros_like(z)
     zeros_c = torch.zeros_like(potential_energy)
     long_zeros = torch.zeros(C, dtype=torch.int64, device=z.device)
@@ -190,7 +190,7 @@ def nuts_step(
     signed_step = torch.where(right_now, step_size, -step_size)
     z, r, pe, g = leapfrog(value_and_grad, z_edge, r_edge, g_edge, signed_step, inverse_mass)
     v = velocity(inverse_mass, r)
-    energy = pe + 0.5 * (r * v).sum(-1)
+    energy = pe + kinetic_energy(inverse_mass, r, v)
     delta = energy - s.energy0
     delta = torch.where(torch.isnan(delta), torch.full_like(delta, float("inf")), delta)
     leaf_diverging = delta > max_delta_energy
