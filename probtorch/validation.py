@@ -94,7 +94,9 @@ def check_parameters(name: str, fn) -> None:
                 continue
             if param not in d.__dict__ and isinstance(getattr(type(d), param, None), lazy_property):
                 continue  # never computed: the user gave the other parameterization
-            value = getattr(d, param, None)
+            value = getattr(d, "_unclamped", {}).get(param)
+            if value is None:
+                value = getattr(d, param, None)
             if not isinstance(value, torch.Tensor):
                 continue
             valid = constraint.check(value)

@@ -349,10 +349,6 @@ _BERNOULLI_RNG = (
     "Inductor decomposes torch.bernoulli into rand() < p even with fallback_random, so the "
     "random stream differs from eager's"
 )
-_CONSTRUCTOR_CHECK = (
-    "the constructor runs a data-dependent check even with validate_args=False ({}), a "
-    "graph break: the distribution cannot be built inside fullgraph-compiled code"
-)
 
 _MVN_L = t([[1.2, 0.0], [0.6, 0.7]])
 _MVN_POINTS = [np.array(v) for v in ([0.0, 0.0], [0.3, -1.0], [5.0, -4.0], [-6.0, 6.0])]
@@ -654,10 +650,6 @@ TABLE: list[Family] = [
         [0.0, 1e-8, 0.3, 0.7, 1.0],
         hand_ref=_continuous_bernoulli_logpdf,
         invalid=[Invalid({"probs": t(1.5)}, "probs", "Interval")],
-        xfail={
-            "site_check": "torch's constructor clamps probs into (0, 1) before any site check "
-            "can see it (an invalid probs is caught only with validate_args on)",
-        },
         ref_note="hand: C(l) l^x (1-l)^(1-x), C(l) = 2 atanh(1-2l)/(1-2l)",
     ),
     Family(
@@ -800,11 +792,6 @@ TABLE: list[Family] = [
             "the constructor checks df > dim - 1 with a data-dependent branch, and rsample "
             "re-draws singular samples in a loop guarded by `if is_singular.any():`"
         ),
-        xfail={
-            "transform": "biject_to(constraints.positive_definite) is registered neither by "
-            "torch nor by Pyro (NotImplementedError)",
-            "compile_log_prob": _CONSTRUCTOR_CHECK.format("df > dim - 1"),
-        },
         ref_note="moments of the lower triangle: E X = df S, Var X_ij = df (S_ij^2 + S_ii S_jj)",
     ),
     Family(

@@ -227,13 +227,18 @@ def _free_coordinates(support, y: torch.Tensor) -> torch.Tensor:
     """The coordinates that determine a point of the support (the others follow from them).
 
     A simplex point is determined by all but its last coordinate, a correlation matrix and a
-    correlation Cholesky factor by their strictly lower triangles.
+    correlation Cholesky factor by their strictly lower triangles, a positive-definite matrix
+    and a Cholesky factor by their lower triangles.
     """
     if support is dist.constraints.simplex:
         return y[..., :-1]
     if support in (dist.constraints.corr_cholesky, dist.constraints.corr_matrix):
         n = y.shape[-1]
         rows, cols = torch.tril_indices(n, n, offset=-1)
+        return y[..., rows, cols]
+    if support in (dist.constraints.positive_definite, dist.constraints.lower_cholesky):
+        n = y.shape[-1]
+        rows, cols = torch.tril_indices(n, n)
         return y[..., rows, cols]
     return y
 

@@ -14,11 +14,16 @@ import torch.nn.functional as F
 from torch.distributions import biject_to as _torch_biject_to
 from torch.distributions import constraints
 from torch.distributions.constraint_registry import ConstraintRegistry
-from torch.distributions.transforms import CorrCholeskyTransform
+from torch.distributions.transforms import CorrCholeskyTransform, Transform
 
 from .zero_sum import ZeroSumConstraint, ZeroSumTransform
 
-__all__ = ["biject_to", "CompilableCorrCholeskyTransform"]
+__all__ = [
+    "biject_to",
+    "CompilableCorrCholeskyTransform",
+    "LowerCholeskyVectorTransform",
+    "PositiveDefiniteVectorTransform",
+]
 
 
 def _strict_lower_size(m: int) -> int:
@@ -72,6 +77,116 @@ class CompilableCorrCholeskyTransform(CorrCholeskyTransform):
         return stick_breaking_logdet + tanh_logdet
 
 
+def _lower_size(m: int) -> int:
+    """``n`` with ``n * (n + 1) / 2 == m``."""
+    n = round((math.sqrt(1 + 8 * m) - 1) / 2)
+    if n * (n + 1) // 2 != m:
+        raise ValueError(f"a vector of size {m} is not the lower triangle of a square matrix")
+    return n
+
+
+class LowerCholeskyVectorTransform(Transform):
+    """Bijection from a real vector of size ``n (n + 1) / 2`` to an ``n x n`` lower-triangular
+    matrix with a positive diagonal (a Cholesky factor): the vector fills the lower triangle
+    row by row and the diagonal is exponentiated (NumPyro's ``LowerCholeskyTransform``).
+
+    torch's ``LowerCholeskyTransform`` maps matrices to matrices and ignores the upper
+    triangle, so it is not a bijection and ``biject_to(lower_cholesky)`` is not registered
+    there.
+
+    Example::
+
+        >>> t = LowerCholeskyVectorTransform()
+        >>> L = t(torch.zeros(3))
+        >>> L
+        tensor([[1., 0.],
+                [0., 1.]])
+        >>> t.inv(L)
+        tensor([0., 0., 0.])
+    """
+
+    domain = constraints.real_vector
+    codomain = constraints.lower_cholesky
+    bijective = True
+
+    def __eq__(self, other):
+        return isinstance(other, LowerCholeskyVectorTransform)
+
+    def forward_shape(self, shape):
+        n = _lower_size(shape[-1])
+        return torch.Size(shape[:-1]) + (n, n)
+
+    def inverse_shape(self, shape):
+        n = shape[-1]
+        return torch.Size(shape[:-2]) + (n * (n + 1) // 2,)
+
+    def _call(self, x):
+        n = _lower_size(x.shape[-1])
+        rows, cols = torch.tril_indices(n, n, device=x.device)
+        # element (i, j) reads index[i, j] of [0, x]: 0 above the diagonal
+        index = torch.zeros(n, n, dtype=torch.long, device=x.device)
+        index[rows, cols] = torch.arange(1, rows.numel() + 1, device=x.device)
+        on_diagonal = rows == cols
+        x = torch.where(on_diagonal, x.exp(), x)
+        padded = torch.cat([x.new_zeros(x.shape[:-1] + (1,)), x], dim=-1)
+        return padded[..., index.flatten()].reshape(x.shape[:-1] + (n, n))
+
+    def _inverse(self, y):
+        n = y.shape[-1]
+        rows, cols = torch.tril_indices(n, n, device=y.device)
+        x = y[..., rows, cols]
+        return torch.where(rows == cols, x.log(), x)
+
+    def log_abs_det_jacobian(self, x, y, intermediates=None):
+        return y.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+
+
+class PositiveDefiniteVectorTransform(Transform):
+    """Bijection from a real vector of size ``n (n + 1) / 2`` to an ``n x n`` positive-definite
+    matrix ``L L^T``, ``L`` from :class:`LowerCholeskyVectorTransform` (NumPyro's
+    ``biject_to(positive_definite)``).
+
+    Its log-Jacobian is with respect to the lower triangle of the matrix (its free
+    coordinates): ``n log 2 + sum_i (n - i + 1) log L_ii`` (1-based ``i``) plus the Cholesky
+    map's own ``sum_i log L_ii``.
+
+    Example::
+
+        >>> t = PositiveDefiniteVectorTransform()
+        >>> t(torch.tensor([0.0, 1.0, 0.0]))
+        tensor([[1., 1.],
+                [1., 2.]])
+    """
+
+    domain = constraints.real_vector
+    codomain = constraints.positive_definite
+    bijective = True
+
+    def __eq__(self, other):
+        return isinstance(other, PositiveDefiniteVectorTransform)
+
+    def forward_shape(self, shape):
+        return LowerCholeskyVectorTransform().forward_shape(shape)
+
+    def inverse_shape(self, shape):
+        return LowerCholeskyVectorTransform().inverse_shape(shape)
+
+    def _call(self, x):
+        L = LowerCholeskyVectorTransform()(x)
+        return L @ L.mT
+
+    def _inverse(self, y):
+        return LowerCholeskyVectorTransform().inv(torch.linalg.cholesky(y))
+
+    def log_abs_det_jacobian(self, x, y, intermediates=None):
+        L = LowerCholeskyVectorTransform()(x)
+        n = L.shape[-1]
+        log_diag = L.diagonal(dim1=-2, dim2=-1).log()
+        # d(L L^T)/dL over lower triangles: 2^n prod_i L_ii^(n - i + 1); then dL/dx: prod L_ii
+        order = torch.arange(n, 0, -1, dtype=x.dtype, device=x.device) + 1
+        return n * math.log(2.0) + (order * log_diag).sum(-1)
+
+
 class _FallbackRegistry(ConstraintRegistry):
     def __call__(self, constraint):
         if type(constraint) in self._registry:
@@ -81,6 +196,12 @@ class _FallbackRegistry(ConstraintRegistry):
 
 biject_to = _FallbackRegistry()
 biject_to.register(constraints.corr_cholesky)(lambda constraint: CompilableCorrCholeskyTransform())
+biject_to.register(constraints.lower_cholesky)(
+    lambda constraint: LowerCholeskyVectorTransform()
+)
+biject_to.register(constraints.positive_definite)(
+    lambda constraint: PositiveDefiniteVectorTransform()
+)
 biject_to.register(ZeroSumConstraint)(lambda constraint: ZeroSumTransform(constraint.event_dim))
 # A mixture of one family has that family's support: a latent MixtureSameFamily site is
 # unconstrained through its components' bijection.

@@ -35,6 +35,7 @@ import pyro.distributions as pyro_dist
 import torch
 from pyro.distributions.transforms import CorrMatrixCholeskyTransform
 from torch.distributions import Beta as TorchBeta
+from torch.distributions.multivariate_normal import _precision_to_scale_tril
 
 __all__ = [
     "Categorical",
@@ -213,6 +214,10 @@ class ContinuousBernoulli(pyro_dist.ContinuousBernoulli):
         super().__init__(probs, logits, lims, validate_args=validate_args or None)
         if validate_args is False:
             self._validate_args = False
+        if probs is not None:
+            # torch clamps `probs` into (0, 1) for stability; probtorch's site check reads
+            # the value the user gave (validation.check_parameters looks here first).
+            self._unclamped = {"probs": torch.as_tensor(probs).expand(self.batch_shape)}
 
     def expand(self, batch_shape, _instance=None):
         return _expand_subclass(self, pyro_dist.ContinuousBernoulli, batch_shape, _instance)
@@ -240,7 +245,51 @@ class Wishart(pyro_dist.Wishart):
                     f"(df > dim - 1 for {dim} x {dim} matrices), but found invalid "
                     f"values:\n{value}"
                 )
-        super().__init__(df, covariance_matrix, precision_matrix, scale_tril, validate_args)
+        if torch.compiler.is_compiling():
+            _init_wishart_without_checks(
+                self, df, covariance_matrix, precision_matrix, scale_tril, validate_args
+            )
+        else:
+            super().__init__(df, covariance_matrix, precision_matrix, scale_tril, validate_args)
 
     def expand(self, batch_shape, _instance=None):
         return _expand_subclass(self, pyro_dist.Wishart, batch_shape, _instance)
+
+
+def _init_wishart_without_checks(
+    self, df, covariance_matrix, precision_matrix, scale_tril, validate_args
+):  # fmt: skip
+    """torch's ``Wishart.__init__`` without its two data-dependent branches (``df <= dim - 1``
+    raises, ``df < dim`` warns), which Dynamo cannot trace: under compilation the check is
+    the eager site check's job (probtorch validates at a model's first, eager trace)."""
+    given = [m for m in (covariance_matrix, precision_matrix, scale_tril) if m is not None]
+    if len(given) != 1:
+        raise ValueError(
+            "Wishart: exactly one of covariance_matrix, precision_matrix or scale_tril "
+            "may be specified"
+        )
+    param = given[0]
+    if isinstance(df, int | float):
+        batch_shape = param.shape[:-2]
+        df = torch.tensor(df, dtype=param.dtype, device=param.device)
+    else:
+        batch_shape = torch.broadcast_shapes(param.shape[:-2], df.shape)
+    self.df = df.expand(batch_shape)
+    event_shape = param.shape[-2:]
+    if scale_tril is not None:
+        self.scale_tril = param.expand(batch_shape + (-1, -1))
+        self._unbroadcasted_scale_tril = scale_tril
+    elif covariance_matrix is not None:
+        self.covariance_matrix = param.expand(batch_shape + (-1, -1))
+        self._unbroadcasted_scale_tril = torch.linalg.cholesky(covariance_matrix)
+    else:
+        self.precision_matrix = param.expand(batch_shape + (-1, -1))
+        self._unbroadcasted_scale_tril = _precision_to_scale_tril(precision_matrix)
+    torch.distributions.Distribution.__init__(
+        self, batch_shape, event_shape, validate_args=validate_args
+    )
+    self._batch_dims = [-(x + 1) for x in range(len(self._batch_shape))]
+    steps = torch.arange(event_shape[-1], dtype=param.dtype, device=param.device)
+    self._dist_chi2 = torch.distributions.Chi2(
+        df=(self.df.unsqueeze(-1) - steps).expand(batch_shape + (-1,))
+    )
