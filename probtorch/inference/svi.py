@@ -55,7 +55,13 @@ from ..optim import Optimizer
 from ..params import ParamStore, param_scope
 from ..runtime import Message, Messenger
 from ..validation import torch_validation
-from .compile import _fresh_function, compile_enabled, inference_threads, skip_guards
+from .compile import (
+    _fresh_function,
+    compile_enabled,
+    inductor_base_options,
+    inference_threads,
+    skip_guards,
+)
 from .elbo import ELBO, _Record, _Seeded
 
 __all__ = ["SVI", "SVIRunResult", "NonFiniteLossError"]
@@ -176,11 +182,13 @@ def _compile_options() -> dict:
             table.pop(op, None)
         _register_bernoulli_fallback()
         backend = functools.partial(
-            compile_fx, decompositions=table, config_patches=dict(_INDUCTOR_OPTIONS)
+            compile_fx,
+            decompositions=table,
+            config_patches={**inductor_base_options(), **_INDUCTOR_OPTIONS},
         )
         return {"backend": backend}
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other torch versions
-        return {"options": dict(_INDUCTOR_OPTIONS)}
+        return {"options": {**inductor_base_options(), **_INDUCTOR_OPTIONS}}
 
 
 class SVI:

@@ -38,6 +38,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ...validation import torch_validation
+from ..compile import inductor_base_options
 
 __all__ = [
     "LeanLoop",
@@ -245,6 +246,7 @@ def _compile_exported(exported, path: str, configs: dict | None = None) -> None:
         exported,
         package_path=tmp,
         inductor_configs={
+            **inductor_base_options(),
             "aot_inductor.allow_stack_allocation": True,
             "size_asserts": False,
             "alignment_asserts": False,
