@@ -101,6 +101,9 @@ def inductor_base_options() -> dict:
     """Inductor options every probtorch compilation uses (the C++ kernels, SVI steps and
     AOTInductor packages).
 
+    Graph rewrites: :class:`~probtorch.inference.graph_passes.BatchedTriangularSolve`
+    (a triangular matrix shared by the chains is solved once, not copied per chain).
+
     On Linux x86-64 Inductor's vector ISA is taken from the CPU flags (``cpp.vec_isa_ok``)
     instead of being probed: Inductor otherwise compiles a test kernel for each ISA the CPU
     reports (AVX-512 VNNI, AVX-512, AVX2) and loads each in a child Python process, about
@@ -112,13 +115,16 @@ def inductor_base_options() -> dict:
 
     Example::
 
-        >>> sorted(inductor_base_options()) in ([], ["cpp.vec_isa_ok"])
+        >>> "post_grad_custom_pre_pass" in inductor_base_options()
         True
     """
+    from .graph_passes import BatchedTriangularSolve
+
+    options = {"post_grad_custom_pre_pass": BatchedTriangularSolve()}
     probe = os.environ.get("PROBTORCH_PROBE_VEC_ISA", "0").strip().lower() not in _FALSE
-    if probe or sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return {}
-    return {"cpp.vec_isa_ok": True}
+    if not probe and sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64"):
+        options["cpp.vec_isa_ok"] = True
+    return options
 
 
 def compile_fn(

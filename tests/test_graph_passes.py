@@ -1,0 +1,114 @@
+"""probtorch's Inductor graph rewrites (probtorch/inference/graph_passes.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.inference.compile import compile_fn, count_compiles
+from probtorch.inference.graph_passes import BatchedTriangularSolve
+from probtorch.inference.potential import initialize_model
+
+F64 = torch.float64
+SOLVE = torch.ops.aten.linalg_solve_triangular.default
+
+
+def _triangular(n, upper, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(n, n, generator=g, dtype=F64) + 3 * torch.eye(n, dtype=F64)
+    return m.triu() if upper else m.tril()
+
+
+def _solves(gm):
+    return [node for node in gm.graph.nodes if node.target is SOLVE]
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape,left",
+    [
+        ((5, 5), (4, 5, 1), True),  # chains x one right-hand side (MultivariateNormal)
+        ((1, 5, 5), (4, 5, 3), True),
+        ((1, 1, 5, 5), (2, 3, 5, 2), True),  # two batch dims
+        ((5, 5), (4, 2, 5), False),  # X A = B
+        ((1, 5, 5), (3, 4, 1, 5), False),
+    ],
+)
+@pytest.mark.parametrize("upper", [False, True])
+@pytest.mark.parametrize("unitriangular", [False, True])
+def test_rewrite_solves_once_and_matches(a_shape, b_shape, left, upper, unitriangular):
+    n = a_shape[-1]
+    A = _triangular(n, upper).reshape(a_shape)
+    B = torch.randn(b_shape, dtype=F64, generator=torch.Generator().manual_seed(1))
+
+    def solve(A, B):
+        return torch.linalg.solve_triangular(
+            A, B, upper=upper, left=left, unitriangular=unitriangular
+        )
+
+    gm = make_fx(solve, tracing_mode="fake")(A, B)
+    assert [tuple(s.meta["val"].shape[:-2]) for s in _solves(gm)] != [()]
+    BatchedTriangularSolve()(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    solves = _solves(gm)
+    assert len(solves) == 1
+    assert solves[0].meta["val"].dim() == 2, "the rewritten solve has no batch dims"
+    expected = solve(A, B)
+    actual = gm(A, B)
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_batched_matrix_is_left_alone():
+    A = torch.stack([_triangular(4, False, seed) for seed in range(3)])
+    B = torch.randn(3, 4, 1, dtype=F64)
+    def solve(A, B):
+        return torch.linalg.solve_triangular(A, B, upper=False)
+
+    gm = make_fx(solve, tracing_mode="fake")(A, B)
+    before = [s.meta["val"].shape for s in _solves(gm)]
+    BatchedTriangularSolve()(gm.graph)
+    assert [s.meta["val"].shape for s in _solves(gm)] == before == [torch.Size([3, 4, 1])]
+
+
+def _mvn_model(scale_tril):
+    loc = torch.zeros(scale_tril.shape[-1])
+    pt.sample("x", dist.MultivariateNormal(loc, scale_tril=scale_tril))
+
+
+def test_compiled_mvn_potential_with_shared_scale_tril_equals_eager(float64):
+    """The chains' potential of a MultivariateNormal with a fixed scale_tril (the rewrite's
+    target): compiled equals eager, without graph breaks or recompiles."""
+    L = torch.linalg.cholesky(_triangular(6, False) @ _triangular(6, False).mT)
+    eager, z0 = initialize_model(_mvn_model, (L,), {}, num_chains=4, compile=False)
+    compiled, _ = initialize_model(_mvn_model, (L,), {}, num_chains=4, compile=True)
+    with count_compiles() as stats:
+        value, grad = compiled.value_and_grad(z0)
+        compiled.value_and_grad(z0 + 1)
+    assert stats.graph_breaks == 0 and stats.graphs == 1
+    ref_value, ref_grad = eager.value_and_grad(z0)
+    torch.testing.assert_close(value, ref_value, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-12)
+
+
+def test_compile_fn_applies_the_rewrite(float64):
+    """compile_fn's options include the rewrite: the compiled graph holds no batched solve."""
+    L = _triangular(5, False)
+    seen = []
+
+    class Spy(BatchedTriangularSolve):
+        def __call__(self, graph):
+            super().__call__(graph)
+            seen.extend(n.meta["val"].dim() for n in graph.nodes if n.target is SOLVE)
+
+    def nll(x):
+        return 0.5 * torch.linalg.solve_triangular(L, x.unsqueeze(-1), upper=False).pow(2).sum()
+
+    batched = torch.func.vmap(torch.func.grad(nll))
+    x = torch.randn(4, 5)
+    fn = compile_fn(batched, options={"post_grad_custom_pre_pass": Spy()})
+    torch.testing.assert_close(fn(x), batched(x), rtol=1e-12, atol=1e-12)
+    assert seen and all(d == 2 for d in seen), seen
