@@ -85,7 +85,25 @@ def _lower_size(m: int) -> int:
     return n
 
 
-class LowerCholeskyVectorTransform(Transform):
+class _LowerTriangleVectorTransform(Transform):
+    """Bijections from a real vector of size ``n (n + 1) / 2`` to ``n x n`` matrices."""
+
+    domain = constraints.real_vector
+    bijective = True
+
+    def __eq__(self, other):
+        return type(other) is type(self)
+
+    def forward_shape(self, shape):
+        n = _lower_size(shape[-1])
+        return torch.Size(shape[:-1]) + (n, n)
+
+    def inverse_shape(self, shape):
+        n = shape[-1]
+        return torch.Size(shape[:-2]) + (n * (n + 1) // 2,)
+
+
+class LowerCholeskyVectorTransform(_LowerTriangleVectorTransform):
     """Bijection from a real vector of size ``n (n + 1) / 2`` to an ``n x n`` lower-triangular
     matrix with a positive diagonal (a Cholesky factor): the vector fills the lower triangle
     row by row and the diagonal is exponentiated (NumPyro's ``LowerCholeskyTransform``).
@@ -105,20 +123,7 @@ class LowerCholeskyVectorTransform(Transform):
         tensor([0., 0., 0.])
     """
 
-    domain = constraints.real_vector
     codomain = constraints.lower_cholesky
-    bijective = True
-
-    def __eq__(self, other):
-        return isinstance(other, LowerCholeskyVectorTransform)
-
-    def forward_shape(self, shape):
-        n = _lower_size(shape[-1])
-        return torch.Size(shape[:-1]) + (n, n)
-
-    def inverse_shape(self, shape):
-        n = shape[-1]
-        return torch.Size(shape[:-2]) + (n * (n + 1) // 2,)
 
     def _call(self, x):
         n = _lower_size(x.shape[-1])
@@ -141,7 +146,7 @@ class LowerCholeskyVectorTransform(Transform):
         return y.diagonal(dim1=-2, dim2=-1).log().sum(-1)
 
 
-class PositiveDefiniteVectorTransform(Transform):
+class PositiveDefiniteVectorTransform(_LowerTriangleVectorTransform):
     """Bijection from a real vector of size ``n (n + 1) / 2`` to an ``n x n`` positive-definite
     matrix ``L L^T``, ``L`` from :class:`LowerCholeskyVectorTransform` (NumPyro's
     ``biject_to(positive_definite)``).
@@ -158,18 +163,7 @@ class PositiveDefiniteVectorTransform(Transform):
                 [1., 2.]])
     """
 
-    domain = constraints.real_vector
     codomain = constraints.positive_definite
-    bijective = True
-
-    def __eq__(self, other):
-        return isinstance(other, PositiveDefiniteVectorTransform)
-
-    def forward_shape(self, shape):
-        return LowerCholeskyVectorTransform().forward_shape(shape)
-
-    def inverse_shape(self, shape):
-        return LowerCholeskyVectorTransform().inverse_shape(shape)
 
     def _call(self, x):
         L = LowerCholeskyVectorTransform()(x)
