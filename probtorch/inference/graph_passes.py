@@ -15,10 +15,12 @@ Example::
 
     >>> import torch
     >>> from probtorch.inference.compile import compile_fn
-    >>> L = torch.linalg.cholesky(torch.eye(3) + 0.5)
-    >>> def nll(x):  # one chain's negative log density, up to a constant
-    ...     y = torch.linalg.solve_triangular(L, x.unsqueeze(-1), upper=False)
-    ...     return 0.5 * y.pow(2).sum()
+    >>> def gaussian_nll(L):  # one chain's negative log density, up to a constant
+    ...     def nll(x):
+    ...         y = torch.linalg.solve_triangular(L, x.unsqueeze(-1), upper=False)
+    ...         return 0.5 * y.pow(2).sum()
+    ...     return nll
+    >>> nll = gaussian_nll(torch.linalg.cholesky(torch.eye(3) + 0.5))
     >>> batched = torch.func.vmap(torch.func.grad(nll))
     >>> x = torch.randn(4, 3)
     >>> torch.allclose(compile_fn(batched)(x), batched(x))

@@ -55,8 +55,9 @@ class AffineAutoregressiveTransform(Transform):
 
     Example::
 
+        >>> _ = torch.manual_seed(0)
         >>> masks = made_masks(3, [8])
-        >>> weights = [torch.randn(8, 3), torch.randn(6, 8)]
+        >>> weights = [0.5 * torch.randn(8, 3), 0.5 * torch.randn(6, 8)]
         >>> t = AffineAutoregressiveTransform(weights, [torch.zeros(8), torch.zeros(6)], masks)
         >>> x = torch.randn(4, 3)
         >>> torch.allclose(t.inv(t(x)), x, atol=1e-5)
