@@ -173,9 +173,10 @@ class PositiveDefiniteVectorTransform(_LowerTriangleVectorTransform):
         return LowerCholeskyVectorTransform().inv(torch.linalg.cholesky(y))
 
     def log_abs_det_jacobian(self, x, y, intermediates=None):
-        L = LowerCholeskyVectorTransform()(x)
-        n = L.shape[-1]
-        log_diag = L.diagonal(dim1=-2, dim2=-1).log()
+        n = _lower_size(x.shape[-1])
+        # log L_ii is x at the diagonal's place in the row-major lower triangle
+        i = torch.arange(n, device=x.device)
+        log_diag = x[..., i * (i + 3) // 2]
         # d(L L^T)/dL over lower triangles: 2^n prod_i L_ii^(n - i + 1); then dL/dx: prod L_ii
         order = torch.arange(n, 0, -1, dtype=x.dtype, device=x.device) + 1
         return n * math.log(2.0) + (order * log_diag).sum(-1)

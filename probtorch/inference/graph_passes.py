@@ -8,8 +8,8 @@ in its ``log_prob``) then reaches Inductor as a solve of a ``(1, n, n)`` matrix 
 solves each chain separately. The pass solves once, the chains being columns of one
 right-hand side: ``A X = B`` for ``B`` of shape ``(C, n, k)`` is ``A [X_1 ... X_C] = [B_1 ...
 B_C]``. Same arithmetic per column (LAPACK/BLAS ``trsm`` solves columns independently), no
-copies. On the 100-dimensional Gaussian benchmark (4 chains) it took the potential's gradient
-from 91 to 31 us.
+copies. On the 100-dimensional Gaussian benchmark (4 chains) it took the potential's value and
+gradient from 91 to 59 us per call (the compiled graph itself: 20 us).
 
 Example::
 
@@ -69,7 +69,7 @@ class BatchedTriangularSolve(CustomGraphPass):
         fake_mode = torch._guards.detect_fake_mode([a, b])
         if fake_mode is None:
             return
-        upper = node.kwargs["upper"] if "upper" in node.kwargs else node.args[2]
+        upper = node.kwargs["upper"]  # keyword-only in the op's schema, as are the others
         left = node.kwargs.get("left", True)
         unitriangular = node.kwargs.get("unitriangular", False)
         n = a.shape[-1]
