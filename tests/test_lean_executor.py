@@ -15,7 +15,7 @@ from models import eight_schools, eight_schools_data
 import probtorch as pt
 from probtorch.inference import MCMC, NUTS
 from probtorch.inference.mcmc import lean
-from probtorch.inference.mcmc.executor import ChunkedLoop
+from probtorch.inference.mcmc.executor import InPlaceLoop
 from probtorch.reparam import LocScaleReparam
 
 
@@ -108,9 +108,9 @@ def test_auto_executor_switches_mid_run_without_changing_the_draws(
 
     monkeypatch.setattr(lean.TieredBuild, "poll", late_poll)
     quick_calls = []
-    real_call = ChunkedLoop.__call__
+    real_call = InPlaceLoop.__call__
     monkeypatch.setattr(
-        ChunkedLoop, "__call__", lambda self, *a: quick_calls.append(1) or real_call(self, *a)
+        InPlaceLoop, "__call__", lambda self, *a: quick_calls.append(1) or real_call(self, *a)
     )
     auto = _run(model, args, kwargs, "auto")
     assert len(quick_calls) == 3, "the first blocks should run on the quick path"
@@ -142,7 +142,7 @@ def test_auto_executor_stays_quick_on_one_cpu(model_and_data, tmp_path, monkeypa
     monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "0")
     model, args, kwargs = model_and_data
     mcmc = _run(model, args, kwargs, "auto")
-    assert type(mcmc.kernel._block_loop).__name__ == "ChunkedLoop"
+    assert type(mcmc.kernel._block_loop).__name__ == "InPlaceLoop"
     assert not mcmc.kernel._tiered.pending
     assert list(tmp_path.iterdir()) == []
 
@@ -163,7 +163,7 @@ def test_auto_executor_warns_when_the_background_build_fails(
     with pytest.warns(UserWarning, match="background build exited with 3.*quick path"):
         mcmc = _run(model, args, kwargs, "auto", kernel)
     assert kernel._tiered.failed.startswith("background build exited with 3")
-    assert type(kernel._block_loop).__name__ == "ChunkedLoop"
+    assert type(kernel._block_loop).__name__ == "InPlaceLoop"
     assert mcmc.get_samples()["mu"].shape == (120,)
 
 
@@ -183,5 +183,5 @@ def test_lean_executor_falls_back_with_a_warning(model_and_data, monkeypatch, tm
     model, args, kwargs = model_and_data
     with pytest.warns(UserWarning, match="lean executor could not be built.*quick path"):
         mcmc = _run(model, args, kwargs, "lean")
-    assert type(mcmc.kernel._block_loop).__name__ == "ChunkedLoop"
+    assert type(mcmc.kernel._block_loop).__name__ == "InPlaceLoop"
     assert mcmc.get_samples()["mu"].shape == (120,)

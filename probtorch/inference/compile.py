@@ -24,6 +24,7 @@ __all__ = [
     "skip_guards",
     "CompileStats",
     "count_compiles",
+    "note_direct_compile",
 ]
 
 _FALSE = {"0", "false", "no", "off"}
@@ -167,12 +168,22 @@ def skip_guards(compiled: bool = True):
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
+# graphs compiled by Inductor without Dynamo (the in-place NUTS chunk), for count_compiles
+_direct_compiles = [0]
+
+
+def note_direct_compile() -> None:
+    """Count a graph compiled by Inductor directly (not through Dynamo) in
+    :func:`count_compiles`."""
+    _direct_compiles[0] += 1
+
+
 @dataclass
 class CompileStats:
     """What Dynamo did inside a :func:`count_compiles` block."""
 
     graph_breaks: int = 0
-    graphs: int = 0  # graphs compiled (first compiles and recompiles)
+    graphs: int = 0  # graphs compiled (first compiles and recompiles), Dynamo's and direct ones
 
 
 @contextlib.contextmanager
@@ -192,7 +203,7 @@ def count_compiles():
     def snapshot():
         return (
             sum(counters["graph_break"].values()),
-            counters["stats"]["unique_graphs"],
+            counters["stats"]["unique_graphs"] + _direct_compiles[0],
         )
 
     stats = CompileStats()

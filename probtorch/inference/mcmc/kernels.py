@@ -24,7 +24,7 @@ from .adaptation import (
     welford_update,
     welford_update_batch,
 )
-from .executor import ChunkedLoop
+from .executor import ChunkedLoop, InPlaceLoop
 from .hmc import hmc_draw_randomness, hmc_init, hmc_iteration
 from .integrator import kinetic_energy, leapfrog, sample_momentum
 from .lean import TieredBuild, build_lean_loop
@@ -362,13 +362,12 @@ class NUTS(_HamiltonianKernel):
         self._loop = ChunkedLoop(
             iteration, self.chunk_size, potential.compiled, options=self._codegen
         )
-        self._block_loop = ChunkedLoop(
-            block_step,
-            self.chunk_size,
-            potential.compiled,
-            done=lambda s: s.block_done,
-            options=self._codegen,
-        )
+        if potential.compiled:
+            self._block_loop = InPlaceLoop(
+                block_step, self.chunk_size, done=_block_done, options=self._codegen
+            )
+        else:
+            self._block_loop = ChunkedLoop(block_step, self.chunk_size, False, done=_block_done)
         self._lean_pending = self.executor != "quick" and potential.compiled
         self._tiered: TieredBuild | None = None
 
@@ -385,13 +384,16 @@ class NUTS(_HamiltonianKernel):
             block,
             block_args,
             self.chunk_size,
-            done=lambda s: s.block_done,
+            done=_block_done,
             key=f"nuts-L{self.max_tree_depth}-{self.max_delta_energy}-{self.target_accept_prob}",
             inductor_configs=self._codegen,
         )
         if isinstance(result, TieredBuild):
             self._tiered = result
+            traced = result.traced
             result = result.poll()
+            if result is None and traced is not None and isinstance(self._block_loop, InPlaceLoop):
+                self._block_loop.adopt(traced)  # the quick path, without tracing again
         if result is not None:
             self._block_loop = result
 
@@ -494,6 +496,10 @@ class NUTS(_HamiltonianKernel):
             z=result.z, potential_energy=result.potential_energy, grad=result.grad
         )
         return new_state, result
+
+
+def _block_done(state) -> torch.Tensor:
+    return state.block_done
 
 
 def _welford_per_chain(welford, draws_per_chain: list[torch.Tensor]):

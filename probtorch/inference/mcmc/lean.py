@@ -37,8 +37,8 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from ...validation import torch_validation
 from ..compile import inductor_base_options
+from .executor import TracedChunk, trace_in_place
 
 __all__ = [
     "LeanLoop",
@@ -99,50 +99,6 @@ def _load_driver():
     return _driver
 
 
-def _replace_lift_fresh_copy(gm: torch.fx.GraphModule) -> None:
-    """Constants made at trace time arrive as ``lift_fresh_copy``; make them plain clones."""
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target == torch.ops.aten.lift_fresh_copy.default:
-            with gm.graph.inserting_after(node):
-                clone = gm.graph.call_function(torch.ops.aten.clone.default, node.args)
-            node.replace_all_uses_with(clone)
-            gm.graph.erase_node(node)
-
-
-def _fold_constants(gm: torch.fx.GraphModule) -> None:
-    """Evaluate every op whose inputs are all constants.
-
-    AOTInductor (torch 2.13) fails to lower ops on 0-d constant tensors
-    (``LoweringException: StopIteration`` in ``pow``); folding them first avoids it.
-    """
-    constants = {n: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
-    count = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function":
-            continue
-        inputs = [
-            a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)
-        ]
-        if not inputs or not all(a in constants for a in inputs):
-            continue
-        args, kwargs = pytree.tree_map(
-            lambda a: constants[a] if isinstance(a, torch.fx.Node) else a, (node.args, node.kwargs)
-        )
-        value = node.target(*args, **kwargs)
-        if not isinstance(value, torch.Tensor):
-            continue
-        name = f"_probtorch_folded_{count}"
-        count += 1
-        gm.register_buffer(name, value.clone())
-        with gm.graph.inserting_before(node):
-            folded = gm.graph.get_attr(name)
-        node.replace_all_uses_with(folded)
-        gm.graph.erase_node(node)
-        constants[folded] = value
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
-
-
 def _fingerprint(gm: torch.fx.GraphModule, inputs: list, key: str) -> str:
     """A hash of the graph, its constants' values (the model's data), shapes and versions."""
     h = hashlib.sha256()
@@ -198,33 +154,13 @@ class LeanLoop:
 
 
 def _trace_chunk(iteration, example_state, example_args, chunk_size, done, key, configs):
-    """The in-place chunk as an FX graph, its example inputs and its package path (keyed by
+    """The in-place chunk (:func:`~.executor.trace_in_place`) and its package path (keyed by
     the graph, its constants and shapes, ``key`` and the Inductor ``configs``)."""
-    state_leaves, state_spec = pytree.tree_flatten(example_state)
-    arg_leaves, arg_spec = pytree.tree_flatten(example_args)
-    num_state = len(state_leaves)
-
-    def chunk_in_place(*flat):
-        leaves = list(flat[:num_state])
-        state = pytree.tree_unflatten(leaves, state_spec)
-        args = pytree.tree_unflatten(list(flat[num_state:-1]), arg_spec)
-        for _ in range(chunk_size):
-            state = iteration(state, *args)
-        for target, value in zip(leaves, pytree.tree_leaves(state)):
-            target.copy_(value)
-        flat[-1].copy_(done(state).all())
-        return (flat[-1].clone(),)
-
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    inputs = [x.clone() for x in state_leaves + arg_leaves] + [torch.zeros((), dtype=torch.bool)]
-    with torch_validation(False):
-        gm = make_fx(chunk_in_place)(*[x.clone() for x in inputs])
-    _replace_lift_fresh_copy(gm)
-    _fold_constants(gm)
+    traced = trace_in_place(iteration, example_state, example_args, chunk_size, done)
+    gm, inputs = traced.graph, traced.inputs
     digest = _fingerprint(gm, inputs, key + str(chunk_size) + repr(sorted((configs or {}).items())))
     path = os.path.join(lean_cache_dir(), f"nuts_chunk_{digest}.pt2")
-    return gm, inputs, path, state_spec, num_state
+    return traced, path
 
 
 def _export(gm: torch.fx.GraphModule, inputs: list):
@@ -287,16 +223,16 @@ def build_lean_loop(
     AOTInductor's options (and to the package's cache key).
     """
     try:
-        gm, inputs, path, state_spec, num_state = _trace_chunk(
+        traced, path = _trace_chunk(
             iteration, example_state, example_args, chunk_size, done, key, inductor_configs
         )
         if not os.path.exists(path):
-            _compile_package(gm, inputs, path, inductor_configs)
+            _compile_package(traced.graph, traced.inputs, path, inductor_configs)
         runner = _load_driver().LeanRunner(path)
     except Exception as error:  # a missing toolchain or an unsupported op: fall back
         _warn_fallback(error)
         return None
-    return LeanLoop(runner, state_spec, num_state, chunk_size, path)
+    return LeanLoop(runner, traced.state_spec, traced.num_state, chunk_size, path)
 
 
 def background_builds_allowed() -> bool:
@@ -344,12 +280,15 @@ class TieredBuild:
     ):
         self.loop: LeanLoop | None = None
         self.failed: str | None = None
+        self.traced: TracedChunk | None = None  # the captured chunk (the quick path reuses it)
         self._process: subprocess.Popen | None = None
         self._chunk_size = chunk_size
         try:
-            gm, inputs, self.path, self._state_spec, self._num_state = _trace_chunk(
+            self.traced, self.path = _trace_chunk(
                 iteration, example_state, example_args, chunk_size, done, key, inductor_configs
             )
+            gm, inputs = self.traced.graph, self.traced.inputs
+            self._state_spec, self._num_state = self.traced.state_spec, self.traced.num_state
         except Exception as error:  # an op make_fx cannot trace: stay on the quick path
             self.failed = _error_line(error)
             _warn_fallback(self.failed)
@@ -433,9 +372,7 @@ def _failure_marker(path: str) -> str:
 
 
 def _build_error(path: str, returncode: int) -> str:
-    logs = sorted(
-        glob.glob(path[: -len(".pt2")] + ".job*.log"), key=os.path.getmtime, reverse=True
-    )
+    logs = sorted(glob.glob(path[: -len(".pt2")] + ".job*.log"), key=os.path.getmtime, reverse=True)
     last = ""
     if logs:
         with open(logs[0]) as f:

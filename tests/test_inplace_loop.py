@@ -1,0 +1,108 @@
+"""The in-place chunk executor (NUTS's quick path): same results as the torch.compile chunk
+and as eager, one compile per signature, a fallback, and Ctrl-C between whole chunks."""
+
+import os
+import signal
+import threading
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from probtorch.inference.compile import count_compiles
+from probtorch.inference.mcmc import executor
+from probtorch.inference.mcmc.executor import ChunkedLoop, InPlaceLoop
+
+
+class Walk(NamedTuple):
+    x: torch.Tensor  # (C, D)
+    steps: torch.Tensor  # (C,)
+    twin: torch.Tensor  # (C,) always equal to steps: a state written whole
+    done: torch.Tensor  # (C,)
+
+
+def _walk(state: Walk, noise: torch.Tensor, limit: torch.Tensor) -> Walk:
+    """A chain-batched state machine: a chain stops after ``limit`` steps."""
+    active = ~state.done
+    i = state.steps.clamp(max=noise.shape[1] - 1)
+    step = noise.gather(1, i.view(-1, 1, 1).expand(-1, 1, noise.shape[2])).squeeze(1)
+    x = torch.where(active.unsqueeze(-1), torch.tanh(state.x + 0.1 * step), state.x)
+    steps = state.steps + active.long()
+    return Walk(x, steps, state.twin + active.long(), state.done | (steps >= limit))
+
+
+def _start(C=3, D=4):
+    zeros = torch.zeros(C, dtype=torch.long)
+    return Walk(torch.zeros(C, D), zeros, zeros.clone(), torch.zeros(C, dtype=torch.bool))
+
+
+def _args(C=3, D=4, T=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(C, T, D, generator=g), torch.tensor([5, 17, 40][:C])
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3])
+def test_in_place_loop_equals_compiled_and_eager_chunks(chunk_size):
+    state, args = _start(), _args()
+    results = [
+        loop(state, *args)
+        for loop in (
+            InPlaceLoop(_walk, chunk_size),
+            ChunkedLoop(_walk, chunk_size, compiled=True),
+            ChunkedLoop(_walk, chunk_size, compiled=False),
+        )
+    ]
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+    assert results[0].steps.tolist() == [5, 17, 40]
+    assert torch.equal(state.x, torch.zeros(3, 4)), "the caller's state was written to"
+
+
+def test_in_place_loop_compiles_once_per_signature():
+    loop = InPlaceLoop(_walk)
+    with count_compiles() as first:
+        loop(_start(), *_args())
+    with count_compiles() as same, torch.compiler.set_stance("fail_on_recompile"):
+        loop(_start(), *_args(seed=1))
+    with count_compiles() as other:
+        out = loop(_start(C=2), *_args(C=2))
+    assert (first.graphs, same.graphs, other.graphs) == (1, 0, 1)
+    assert first.graph_breaks == same.graph_breaks == other.graph_breaks == 0
+    assert out.steps.tolist() == [5, 17]
+
+
+def test_in_place_loop_falls_back_to_torch_compile_with_a_warning(monkeypatch):
+    def untraceable(*args, **kwargs):
+        raise RuntimeError("make_fx cannot take this op")
+
+    monkeypatch.setattr(executor, "trace_in_place", untraceable)
+    loop = InPlaceLoop(_walk)
+    with pytest.warns(UserWarning, match="in-place NUTS chunk could not be compiled.*make_fx"):
+        out = loop(_start(), *_args())
+    assert isinstance(loop._fallback, ChunkedLoop)
+    expected = ChunkedLoop(_walk, compiled=False)(_start(), *_args())
+    assert all(torch.equal(a, b) for a, b in zip(out, expected))
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="SIGINT is delivered to the main thread",
+)
+def test_ctrl_c_stops_the_in_place_loop_between_whole_chunks():
+    """SIGINT while the loop runs: it stops after the call in progress, with the state of
+    whole iterations (``steps`` and ``twin`` are written by the same chunk)."""
+    loop = InPlaceLoop(_walk)
+    endless = torch.tensor([10**12, 10**12, 10**12])
+    noise = _args()[0]
+    loop(_start(), noise, torch.tensor([1, 1, 1]))  # compiled before the timer starts
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        out = loop(_start(), noise, endless)
+    finally:
+        timer.cancel()
+    assert loop.interrupted
+    assert int(out.steps[0]) > 0
+    assert torch.equal(out.steps, out.twin)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
