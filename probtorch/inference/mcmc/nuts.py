@@ -133,6 +133,16 @@ def init_transition(
     )  # fmt: skip
 
 
+# The fields a new transition must set (see init_transition). The others are written
+# before they are read: the subtree's fields at its first leaf, each checkpoint at an even
+# leaf of the subtree that reads it.
+RESET_FIELDS = tuple(
+    name
+    for name in NUTSState._fields
+    if not (name.startswith("ckpt_") or name.endswith("_sub") or name in ("r_sub_first", "r_inner"))
+)
+
+
 def _popcount(x: torch.Tensor, bits: int) -> torch.Tensor:
     shifts = torch.arange(bits, device=x.device)
     return ((x.unsqueeze(-1) >> shifts) & 1).sum(-1)
@@ -170,11 +180,15 @@ def nuts_step(
     inverse_mass: torch.Tensor,
     max_depth: int,
     max_delta_energy: float = 1000.0,
+    freeze_finished: bool = True,
 ) -> NUTSState:
     """:func:`nuts_iteration` with this transition's random numbers given directly.
 
     ``go_right`` and ``merge_u`` are ``(C, max_depth)``, one per doubling; ``u_leaf`` is the
-    uniform for the leaf this iteration adds, ``(C,)``.
+    uniform for the leaf this iteration adds, ``(C,)``. With ``freeze_finished=False`` only
+    ``done`` stays set for chains that had finished; their other fields hold values nobody
+    may read (for callers that restart finished chains at once, as the block executor
+    does: 34 fewer selects in its graph).
     """
     s = state
     active = ~s.done
@@ -303,6 +317,8 @@ def nuts_step(
         ckpt_r, ckpt_rho, ckpt_r_prev, v, ckpt_v, ckpt_v_prev,
         s.num_steps + 1, s.sum_accept + accept_prob, s.diverging | leaf_diverging,
     )  # fmt: skip
+    if not freeze_finished:
+        return new
     # chains that had already finished keep their state
     return NUTSState(*(_keep(active, n, o) for n, o in zip(new, s)))
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .adaptation import DualAveragingState, dual_averaging_update
-from .nuts import NUTSState, init_transition, nuts_step, transition_result
+from .nuts import RESET_FIELDS, NUTSState, init_transition, nuts_step, transition_result
 
 __all__ = [
     "BlockRandomness",
@@ -151,7 +151,11 @@ def block_iteration(
         bs.z, bs.potential_energy, bs.grad, noise, mass_sqrt, inverse_mass, max_depth
     )
     starting = bs.need_init & ~bs.block_done
-    tree = NUTSState(*(_select(starting, f, o) for f, o in zip(fresh, bs.tree)))
+    reset = {
+        name: _select(starting, getattr(fresh, name), getattr(bs.tree, name))
+        for name in RESET_FIELDS
+    }
+    tree = bs.tree._replace(**reset)
     tree = tree._replace(done=tree.done | bs.block_done)
 
     # one leapfrog of the transition in progress
@@ -167,6 +171,9 @@ def block_iteration(
         inverse_mass,
         max_depth,
         max_delta_energy,
+        # a chain that finishes restarts at the next iteration, or its block is done and
+        # its tree is not read again
+        freeze_finished=False,
     )
     finished = new_tree.done & ~tree.done
     result = transition_result(new_tree, inverse_mass)
