@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -118,3 +124,45 @@ def test_compile_fn_applies_the_rewrite(float64, monkeypatch):
         actual = compile_fn(batched)(x)
     torch.testing.assert_close(actual, batched(x), rtol=1e-12, atol=1e-12)
     assert seen and all(d == 2 for d in seen), seen
+
+
+_ISA_SCRIPT = """
+import json
+from torch._inductor import cpu_vec_isa
+probed = []
+real = cpu_vec_isa.VecISA.check_build
+def spy(self, code):
+    probed.append(code)
+    return real(self, code)
+cpu_vec_isa.VecISA.check_build = spy
+from probtorch.inference.compile import inductor_base_options
+inductor_base_options()
+isas = cpu_vec_isa.valid_vec_isa_list()
+print(json.dumps({
+    "isas": [str(i) for i in isas],
+    "bf16": [bool(getattr(i, "is_avx512_bf16_supported", lambda: False)()) for i in isas],
+    "probed": len(probed),
+    "restored": cpu_vec_isa.VecISA.check_build is spy,
+}))
+"""
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"),
+    reason="the ISA probes are answered from the CPU flags on Linux x86-64 only",
+)
+def test_isa_probes_answered_from_cpu_flags_give_inductors_answer():
+    """With the probes answered from the CPU flags, Inductor's ISA list (and its BF16 flag,
+    which changes the compile flags) is the one its compile-and-load probes give."""
+
+    def run(probe):
+        env = {**os.environ, "PROBTORCH_PROBE_VEC_ISA": probe}
+        out = subprocess.run(
+            [sys.executable, "-c", _ISA_SCRIPT], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    trusted, probed = run("0"), run("1")
+    assert trusted["isas"] == probed["isas"] and trusted["bf16"] == probed["bf16"]
+    assert trusted["probed"] == 0 and trusted["restored"]

@@ -112,7 +112,11 @@ def inductor_base_options() -> dict:
     2-core machine, for an answer the CPU flags already give on this platform (Linux clears
     a flag the OS cannot run; Inductor's C++20 needs a compiler that has these ISAs). The
     kernels are the same: with the flags or the probes Inductor picks the same ISA.
-    ``PROBTORCH_PROBE_VEC_ISA=1`` restores the probes.
+    Inductor's AVX-512 ISAs also compile and load two feature probes of their own
+    (AVX-512 BF16 and VNNI intrinsics; the BF16 one twice, once per ISA) even then: 3.3 s
+    of a first compile on a new machine, 0.3 s in every process. Those are answered from
+    the CPU flags too (:func:`_trust_cpu_flags_for_isa_probes`); other probes (AMX) still
+    run. ``PROBTORCH_PROBE_VEC_ISA=1`` restores all probes.
 
     Example::
 
@@ -125,7 +129,43 @@ def inductor_base_options() -> dict:
     probe = os.environ.get("PROBTORCH_PROBE_VEC_ISA", "0").strip().lower() not in _FALSE
     if not probe and sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64"):
         options["cpp.vec_isa_ok"] = True
+        _trust_cpu_flags_for_isa_probes()
     return options
+
+
+_isa_probes_settled = [False]
+
+
+def _trust_cpu_flags_for_isa_probes() -> None:
+    """Settle Inductor's list of vector ISAs once per process, answering its AVX-512 BF16
+    and VNNI compile-and-load probes from the CPU flags (which torch already read: Inductor
+    only probes a feature the CPU reports). Both intrinsics are in every g++ that compiles
+    Inductor's C++20 (g++ 10 and later). Any other probe runs as usual; if Inductor's
+    internals differ from what this expects, nothing is changed."""
+    if _isa_probes_settled[0]:
+        return
+    _isa_probes_settled[0] = True
+    try:
+        from torch._inductor import config as inductor_config
+        from torch._inductor import cpu_vec_isa
+
+        if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:  # settled already
+            return
+        trusted = {cpu_vec_isa.VecAVX512._avx512_bf16_code}
+        trusted.add(cpu_vec_isa.VecAVX512VNNI._avx512_vnni_code)
+        probe = cpu_vec_isa.VecISA.check_build
+    except (ImportError, AttributeError):  # pragma: no cover - other torch versions
+        return
+
+    def check_build(isa, code):
+        return True if code in trusted else probe(isa, code)
+
+    cpu_vec_isa.VecISA.check_build = check_build
+    try:
+        with inductor_config.patch({"cpp.vec_isa_ok": True}):
+            cpu_vec_isa.valid_vec_isa_list()
+    finally:
+        cpu_vec_isa.VecISA.check_build = probe
 
 
 def compile_fn(
