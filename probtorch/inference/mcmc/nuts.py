@@ -233,12 +233,20 @@ def nuts_step(
     idx_min = idx_max - trailing_ones + 1
     even = (leaf & 1) == 0
     at_max = levels == idx_max.unsqueeze(-1)  # (C, L)
-    store = (even.unsqueeze(-1) & at_max).unsqueeze(-1)
-    ckpt_r = torch.where(store, r.unsqueeze(1), s.ckpt_r)
-    ckpt_rho = torch.where(store, rho_sub.unsqueeze(1), s.ckpt_rho)
-    ckpt_r_prev = torch.where(store, s.r_prev.unsqueeze(1), s.ckpt_r_prev)
-    ckpt_v = torch.where(store, v.unsqueeze(1), s.ckpt_v)
-    ckpt_v_prev = torch.where(store, s.v_prev.unsqueeze(1), s.ckpt_v_prev)
+    # one row per chain is written (index_put: D elements per chain, not max_depth * D);
+    # the clamp only matters for chains whose values nobody reads (see freeze_finished)
+    chains = torch.arange(leaf.shape[0], device=leaf.device)
+    slot = idx_max.clamp(0, max_depth - 1)
+    even_ = even.unsqueeze(-1)
+
+    def store(buf, value):
+        return buf.index_put((chains, slot), torch.where(even_, value, buf[chains, slot]))
+
+    ckpt_r = store(s.ckpt_r, r)
+    ckpt_rho = store(s.ckpt_rho, rho_sub)
+    ckpt_r_prev = store(s.ckpt_r_prev, s.r_prev)
+    ckpt_v = store(s.ckpt_v, v)
+    ckpt_v_prev = store(s.ckpt_v_prev, s.v_prev)
 
     # at odd leaves, check every sub-subtree that ends here (levels idx_min..idx_max).
     # Level i starts at checkpoint i; its second half starts at checkpoint i + 1, or at
