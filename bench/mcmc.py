@@ -920,7 +920,7 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--probtorch-executors", nargs="+", default=["quick"],
         choices=["quick", "lean", "auto-cached"],
-        help="NUTS(executor=...): 'quick' (torch.compile), 'lean' (built before sampling) "
+        help="NUTS(executor=...): 'quick' (Inductor, in-process), 'lean' (built before sampling) "
         "and/or 'auto-cached' (executor='auto' in a second process: caches warm)",
     )  # fmt: skip
     ap.add_argument(
