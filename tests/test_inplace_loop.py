@@ -106,3 +106,28 @@ def test_ctrl_c_stops_the_in_place_loop_between_whole_chunks():
     assert int(out.steps[0]) > 0
     assert torch.equal(out.steps, out.twin)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_nuts_quick_path_uses_each_runs_data(float64):
+    """The in-place chunk holds the model's data as constants: a second data set of the
+    same shape must not reuse the first one's compiled graph (Inductor's cache keys on the
+    constants' values), in the same process or from the disk cache."""
+    import probtorch as pt
+    import probtorch.distributions as dist
+    from probtorch.inference import MCMC, NUTS
+
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        with pt.plate("data", y.shape[0]):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    def draws(y, compile):
+        kernel = NUTS(model, executor="quick", compile=compile, block_size=8)
+        mcmc = MCMC(kernel, num_warmup=20, num_samples=20, num_chains=2, seed=1, progress_bar=False)
+        mcmc.run(y)
+        return mcmc.get_samples()["mu"]
+
+    for y in (torch.full((5,), -3.0), torch.full((5,), 4.0)):
+        compiled, eager = draws(y, True), draws(y, False)
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-8)
+        assert abs(float(compiled.mean()) - float(y.mean())) < 1.5
