@@ -83,6 +83,13 @@ class NUTSState(NamedTuple):
     v_prev: torch.Tensor
     ckpt_v: torch.Tensor
     ckpt_v_prev: torch.Tensor
+    # velocities of the edges' momenta, of the subtree's first leaf and of the edge it grows
+    # from: Stan's checks across subtrees need them at every leaf (three products with a
+    # dense metric per leapfrog otherwise)
+    v_left: torch.Tensor
+    v_right: torch.Tensor
+    v_sub_first: torch.Tensor
+    v_inner: torch.Tensor
     # statistics
     num_steps: torch.Tensor
     sum_accept: torch.Tensor
@@ -129,6 +136,7 @@ def init_transition(
         long_zeros.clone(), z.clone(), r.clone(), potential_energy.clone(), grad.clone(),
         zeros_c.clone(), zeros_cd.clone(), zeros_cd.clone(), zeros_cd.clone(), r.clone(),
         ckpt.clone(), ckpt.clone(), ckpt.clone(), v.clone(), ckpt.clone(), ckpt.clone(),
+        v.clone(), v.clone(), zeros_cd.clone(), zeros_cd.clone(),
         long_zeros.clone(), zeros_c.clone(), false.clone(),
     )  # fmt: skip
 
@@ -139,7 +147,11 @@ def init_transition(
 RESET_FIELDS = tuple(
     name
     for name in NUTSState._fields
-    if not (name.startswith("ckpt_") or name.endswith("_sub") or name in ("r_sub_first", "r_inner"))
+    if not (
+        name.startswith("ckpt_")
+        or name.endswith("_sub")
+        or name in ("r_sub_first", "r_inner", "v_sub_first", "v_inner")
+    )
 )
 
 
@@ -200,6 +212,7 @@ def nuts_step(
     # one leapfrog from the edge the subtree grows from
     z_edge = torch.where(right, s.z_right, s.z_left)
     r_edge = torch.where(right, s.r_right, s.r_left)
+    v_edge = torch.where(right, s.v_right, s.v_left)
     g_edge = torch.where(right, s.g_right, s.g_left)
     signed_step = torch.where(right_now, step_size, -step_size)
     z, r, pe, g = leapfrog(value_and_grad, z_edge, r_edge, g_edge, signed_step, inverse_mass)
@@ -225,6 +238,8 @@ def nuts_step(
     rho_sub = torch.where(first_, torch.zeros_like(r), s.rho_sub) + r
     r_sub_first = torch.where(first_, r, s.r_sub_first)
     r_inner = torch.where(first_, r_edge, s.r_inner)
+    v_sub_first = torch.where(first_, v, s.v_sub_first)
+    v_inner = torch.where(first_, v_edge, s.v_inner)
 
     # checkpoints: at even leaves store where the subtrees that start here begin
     leaf = s.leaf
@@ -291,12 +306,9 @@ def nuts_step(
     pe_prop = torch.where(accept_sub, pe_sub, s.pe_prop)
     g_prop = torch.where(accept_, g_sub, s.g_prop)
     log_weight = torch.where(valid, torch.logaddexp(s.log_weight, log_w_sub), s.log_weight)
-    r_outer = torch.where(right, s.r_left, s.r_right)
+    v_outer = torch.where(right, s.v_left, s.v_right)
     rho_total = s.rho + rho_sub
     v_new = v
-    v_outer, v_sub_first, v_inner = velocity(
-        inverse_mass, torch.stack([r_outer, r_sub_first, r_inner], 1)
-    ).unbind(1)
     # Stan's checks around the merged tree and across the two parts (each part extended by
     # the neighbouring point of the other); they do not depend on the direction.
     tree_keeps_going = (
@@ -323,6 +335,8 @@ def nuts_step(
         torch.where(sub_done, torch.zeros_like(next_leaf), next_leaf),
         z_sub, r_sub, pe_sub, g_sub, log_w_sub, rho_sub, r_sub_first, r_inner, r,
         ckpt_r, ckpt_rho, ckpt_r_prev, v, ckpt_v, ckpt_v_prev,
+        torch.where(grow_left, v, s.v_left), torch.where(grow_right, v, s.v_right),
+        v_sub_first, v_inner,
         s.num_steps + 1, s.sum_accept + accept_prob, s.diverging | leaf_diverging,
     )  # fmt: skip
     if not freeze_finished:
