@@ -59,6 +59,17 @@ def test_in_place_loop_equals_compiled_and_eager_chunks(chunk_size):
     assert torch.equal(state.x, torch.zeros(3, 4)), "the caller's state was written to"
 
 
+def test_in_place_loop_takes_strided_state_and_arguments():
+    """Expanded and transposed inputs: the chunk is compiled for contiguous buffers and
+    its inputs are laid out so (its generated code does not check strides)."""
+    noise = torch.randn(1, 50, 4, generator=torch.Generator().manual_seed(3)).expand(3, 50, 4)
+    limit = torch.tensor([5, 17, 40])
+    start = _start()._replace(x=torch.linspace(-1, 1, 12).reshape(4, 3).t())
+    expected = ChunkedLoop(_walk, compiled=False)(start, noise, limit)
+    out = InPlaceLoop(_walk)(start, noise, limit)
+    assert all(torch.equal(a, b) for a, b in zip(out, expected))
+
+
 def test_in_place_loop_compiles_once_per_signature():
     loop = InPlaceLoop(_walk)
     with count_compiles() as first:

@@ -115,6 +115,7 @@ def trace_in_place(
     The graph takes the state's tensor leaves, then the arguments' leaves, then a 0-d bool
     buffer; it writes the new state into the state's buffers (``copy_``) and
     ``done(state).all()`` into the bool buffer. Constants made while tracing are folded.
+    The example inputs are contiguous: callers pass :func:`in_place_inputs`.
     """
     state_leaves, state_spec = pytree.tree_flatten(example_state)
     arg_spec = pytree.tree_flatten(example_args)[1]
@@ -133,13 +134,23 @@ def trace_in_place(
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    flag = torch.zeros((), dtype=torch.bool, device=state_leaves[0].device)
-    inputs = [x.clone() for x in state_leaves + pytree.tree_leaves(example_args)] + [flag]
+    state_leaves, arg_leaves = in_place_inputs(example_state, example_args)
+    inputs = [x.clone() for x in state_leaves + arg_leaves] + [
+        state_leaves[0].new_zeros((), dtype=torch.bool)
+    ]
     with torch_validation(False):
         gm = make_fx(chunk_in_place)(*[x.clone() for x in inputs])
     _replace_lift_fresh_copy(gm)
     _fold_constants(gm)
     return TracedChunk(gm, inputs, state_spec, num_state)
+
+
+def in_place_inputs(state, args) -> tuple[list, list]:
+    """The state's leaves as new contiguous buffers (the graph writes them) and the
+    arguments' leaves, contiguous: the layout a compiled in-place chunk was built for
+    (the generated code does not check strides)."""
+    leaves = [x.clone(memory_format=torch.contiguous_format) for x in pytree.tree_leaves(state)]
+    return leaves, [x.contiguous() for x in pytree.tree_leaves(args)]
 
 
 def _replace_lift_fresh_copy(gm: torch.fx.GraphModule) -> None:
@@ -306,8 +317,7 @@ class InPlaceLoop:
         """The final state (new buffers; ``state`` is not changed). On KeyboardInterrupt,
         the state after the last whole chunk, with ``self.interrupted`` set."""
         if self._fallback is None and not bool(self.done(state).all()):
-            leaves = pytree.tree_leaves(state)
-            arg_leaves = pytree.tree_leaves(args)
+            leaves, arg_leaves = in_place_inputs(state, args)
             key = _signature(leaves + arg_leaves)
             if key not in self._compiled:
                 try:
@@ -325,7 +335,6 @@ class InPlaceLoop:
 
     def _run(self, key, leaves, arg_leaves):
         compiled, spec = self._compiled[key]
-        leaves = [x.clone() for x in leaves]  # written in place
         flag = torch.zeros((), dtype=torch.bool, device=leaves[0].device)
         inputs = leaves + arg_leaves + [flag]
         self.interrupted = False

@@ -38,7 +38,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..compile import inductor_base_options
-from .executor import TracedChunk, trace_in_place
+from .executor import TracedChunk, in_place_inputs, trace_in_place
 
 __all__ = [
     "LeanLoop",
@@ -140,11 +140,10 @@ class LeanLoop:
         self.interrupted = False
 
     def __call__(self, state, *args):
-        leaves = pytree.tree_leaves(state)
-        # the state must own its buffers: they are written in place
-        leaves = [x.clone() for x in leaves]
+        # the state owns new buffers (written in place), laid out as the package expects
+        leaves, arg_leaves = in_place_inputs(state, args)
         flag = torch.zeros((), dtype=torch.bool)
-        inputs = leaves + pytree.tree_leaves(args) + [flag]
+        inputs = leaves + arg_leaves + [flag]
         self.interrupted = False
         try:
             self.calls += self._runner.run_until(inputs, flag, 2**62)
