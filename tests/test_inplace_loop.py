@@ -142,3 +142,36 @@ def test_nuts_quick_path_uses_each_runs_data(float64):
         compiled, eager = draws(y, True), draws(y, False)
         torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-8)
         assert abs(float(compiled.mean()) - float(y.mean())) < 1.5
+
+
+def test_buffer_pool_hands_out_the_first_calls_buffers(monkeypatch):
+    """The chunk's intermediate buffers are reused from the third call on; results equal
+    those of fresh buffers (PROBTORCH_POOL_BUFFERS=0)."""
+    runs = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("PROBTORCH_POOL_BUFFERS", setting)
+        loop = InPlaceLoop(_walk)
+        runs[setting] = loop(_start(), *_args())
+        ((_, pool, _),) = loop._compiled.values()
+        assert (pool is not None) == (setting == "1")
+        assert pool is None or (pool.enabled and pool._calls == 40)
+    assert pool is None and loop.calls == 40
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
+
+
+def test_buffer_pool_turns_itself_off_when_a_call_asks_for_other_buffers():
+    import types
+
+    def allocate(size, stride, dtype):
+        return torch.empty_strided(size, stride, dtype=dtype)
+
+    module = types.SimpleNamespace(empty_strided_cpu=allocate, call=lambda args: None)
+    pool = executor._BufferPool.attach([module])
+    requests = [[((2, 3), (3, 1)), ((4,), (1,))], [((2, 3), (3, 1)), ((5,), (1,))]]
+    got = []
+    for call in requests + requests[1:]:
+        pool.start()
+        got.append([module.empty_strided_cpu(size, stride, torch.float32) for size, stride in call])
+    assert not pool.enabled  # the second call asked for a (5,) buffer where the first had (4,)
+    assert got[1][0] is got[0][0]  # pooled until then
+    assert got[2][0] is not got[0][0] and got[2][1].shape == (5,)  # fresh buffers after

@@ -18,6 +18,7 @@ A chunk is ``chunk_size`` unrolled iterations of the state machine.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import warnings
@@ -225,6 +226,79 @@ def deferred_interrupts():
         signal.signal(signal.SIGINT, previous)
 
 
+def _nothing() -> None:
+    pass
+
+
+def _handout(next_buffer):
+    def empty_strided_cpu(size, stride, dtype):
+        return next_buffer()
+
+    return empty_strided_cpu
+
+
+class _BufferPool:
+    """Give each allocation site of an Inductor-generated ``call`` the same buffer on every
+    call, instead of a new one.
+
+    Inductor's host code for a CPU graph allocates (and frees) every intermediate buffer on
+    each call, 63 of them in eight schools' NUTS chunk: with the pool a call takes 21.5
+    instead of 44 us there (hier_reg 52 instead of 77 us), around a 4 us kernel. ``call``
+    is straight-line code, so the k-th allocation of a call always asks for the same size,
+    stride and dtype: the pool records the buffers of the first call, checks that the second
+    asks for the same ones (any difference turns it off for good: fresh buffers from then
+    on), and from the third on hands them out in order. Inductor's buffers are
+    uninitialized memory either way, and buffers it reuses within a call stay the same
+    objects. :meth:`start` must run before each call; calls must not overlap (one thread),
+    and a buffer the call returns is overwritten by the next call.
+    ``PROBTORCH_POOL_BUFFERS=0`` turns pooling off.
+    """
+
+    def __init__(self, module):
+        self._allocate = module.empty_strided_cpu
+        self._module = module
+        self._buffers: list[torch.Tensor] = []
+        self._position = 0
+        self._calls = 0
+        self.enabled = True
+        module.empty_strided_cpu = self
+
+    @classmethod
+    def attach(cls, modules) -> _BufferPool | None:
+        """A pool for the one generated module among ``modules`` (those loaded by a compile),
+        or None when that is not what was loaded."""
+        if os.environ.get("PROBTORCH_POOL_BUFFERS", "1").strip().lower() in ("0", "false", "no"):
+            return None
+        found = [m for m in modules if callable(getattr(m, "call", None))]
+        if len(found) != 1 or not callable(getattr(found[0], "empty_strided_cpu", None)):
+            return None
+        return cls(found[0])
+
+    def start(self) -> None:
+        """Before each call: the first call records its buffers, the second checks that it
+        asks for the same ones, later calls get them without checks."""
+        self._position = 0
+        if self.enabled and self._calls >= 2:
+            self._module.empty_strided_cpu = _handout(iter(self._buffers).__next__)
+        else:
+            self._module.empty_strided_cpu = self
+        self._calls += 1
+
+    def __call__(self, size, stride, dtype):
+        k = self._position
+        self._position += 1
+        if not self.enabled:
+            return self._allocate(size, stride, dtype)
+        if k == len(self._buffers):
+            self._buffers.append(self._allocate(size, stride, dtype))
+        buffer = self._buffers[k]
+        if tuple(buffer.shape) != tuple(size) or buffer.stride() != tuple(stride):
+            self.enabled = False
+        elif buffer.dtype != dtype:
+            self.enabled = False
+        return buffer if self.enabled else self._allocate(size, stride, dtype)
+
+
 class InPlaceLoop:
     """Run ``iteration(state, *args)`` in chunks until ``state.done`` holds for every chain,
     as a graph that updates the state in place (see the module docstring).
@@ -281,11 +355,15 @@ class InPlaceLoop:
         key = _signature(traced.inputs[:-1])
         if key not in self._compiled and self._fallback is None:
             try:
-                self._compiled[key] = (self._compile(traced), traced.state_spec)
+                self._compiled[key] = (*self._compile(traced), traced.state_spec)
             except Exception as error:  # an op Inductor cannot take here
                 self._use_fallback(error)
 
-    def _compile(self, traced: TracedChunk) -> Callable:
+    def _compile(self, traced: TracedChunk) -> tuple[Callable, _BufferPool | None]:
+        """The compiled chunk and the pool of its intermediate buffers (None: not pooled)."""
+        from torch._inductor.codecache import PyCodeCache
+
+        loaded = len(PyCodeCache.modules)
         options = {
             **inductor_base_options(),
             "cpp.threads": 1,
@@ -302,7 +380,7 @@ class InPlaceLoop:
                 options={"config_patches": options},
             )
         note_direct_compile()
-        return compiled
+        return compiled, _BufferPool.attach(PyCodeCache.modules[loaded:])
 
     def _use_fallback(self, error: BaseException) -> None:
         first = str(error).splitlines()[0] if str(error) else ""
@@ -334,12 +412,14 @@ class InPlaceLoop:
         return state
 
     def _run(self, key, leaves, arg_leaves):
-        compiled, spec = self._compiled[key]
+        compiled, pool, spec = self._compiled[key]
         flag = torch.zeros((), dtype=torch.bool, device=leaves[0].device)
         inputs = leaves + arg_leaves + [flag]
         self.interrupted = False
+        start = pool.start if pool is not None else _nothing
         with torch_validation(False), deferred_interrupts() as interrupted:
             while True:
+                start()
                 compiled(*inputs)
                 self.calls += 1
                 if bool(flag):
