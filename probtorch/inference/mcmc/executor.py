@@ -116,7 +116,7 @@ def trace_in_place(
     The graph takes the state's tensor leaves, then the arguments' leaves, then a 0-d bool
     buffer; it writes the new state into the state's buffers (``copy_``) and
     ``done(state).all()`` into the bool buffer. Constants made while tracing are folded.
-    The example inputs are contiguous: callers pass :func:`in_place_inputs`.
+    The example inputs are laid out by :func:`in_place_inputs`, as callers' inputs are.
     """
     state_leaves, state_spec = pytree.tree_flatten(example_state)
     arg_spec = pytree.tree_flatten(example_args)[1]
@@ -147,11 +147,18 @@ def trace_in_place(
 
 
 def in_place_inputs(state, args) -> tuple[list, list]:
-    """The state's leaves as new contiguous buffers (the graph writes them) and the
-    arguments' leaves, contiguous: the layout a compiled in-place chunk was built for
-    (the generated code does not check strides)."""
-    leaves = [x.clone(memory_format=torch.contiguous_format) for x in pytree.tree_leaves(state)]
-    return leaves, [x.contiguous() for x in pytree.tree_leaves(args)]
+    """The state's leaves as new buffers (the graph writes them) and the arguments' leaves,
+    laid out as a compiled in-place chunk expects (its generated code does not check
+    strides): dense tensors keep their strides (a column-major Cholesky factor stays one),
+    overlapping ones (expanded) become contiguous. The chunk is compiled per layout."""
+    leaves = [x.clone() for x in pytree.tree_leaves(state)]
+    return leaves, [_dense(x) for x in pytree.tree_leaves(args)]
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a contiguous copy where its elements overlap or leave gaps (``clone`` and
+    ``empty_like`` keep the strides of any other tensor)."""
+    return x if torch.empty_like(x).stride() == x.stride() else x.contiguous()
 
 
 def _replace_lift_fresh_copy(gm: torch.fx.GraphModule) -> None:
@@ -309,7 +316,7 @@ class InPlaceLoop:
     quick path's (:class:`ChunkedLoop`) and the lean executor's: the same iteration on the
     same pre-drawn random numbers. Where the chunk cannot be captured or compiled, it
     warns once and runs a :class:`ChunkedLoop` instead. On eight schools (4 chains, one
-    core) a call costs about a third of the ``torch.compile`` chunk's host time.
+    core) a call takes about 21 us, against about 100 us for the ``torch.compile`` chunk.
 
     Args:
         iteration: one state-machine step (as for :class:`ChunkedLoop`).
