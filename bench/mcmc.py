@@ -416,23 +416,8 @@ def run_probtorch(model, cfg):
 
     callback_handler.register_end_callback(on_compile_end)
 
-    # The lean executor builds its AOTInductor kernel outside Dynamo's callbacks: time it too.
-    kernels = importlib.import_module("probtorch.inference.mcmc.kernels")
-    build_lean = getattr(kernels, "build_lean_loop", None)
-    if build_lean is not None:
-
-        def timed_build_lean_loop(*args, **kwargs):
-            start, cpu = time.perf_counter(), _cpu()
-            try:
-                return build_lean(*args, **kwargs)
-            finally:
-                compiles.append((start, time.perf_counter()))
-                compile_cpu.append(_cpu() - cpu)
-
-        kernels.build_lean_loop = timed_build_lean_loop
-
-    # The quick path captures its chunk (make_fx) and compiles it with Inductor directly,
-    # outside Dynamo's callbacks: time both steps too.
+    # The lean executor builds its AOTInductor kernel, and the quick path captures its chunk
+    # (make_fx) and compiles it with Inductor, outside Dynamo's callbacks: time them too.
     def timed(fn):
         def wrapper(*args, **kwargs):
             start, cpu = time.perf_counter(), _cpu()
@@ -444,6 +429,9 @@ def run_probtorch(model, cfg):
 
         return wrapper
 
+    kernels = importlib.import_module("probtorch.inference.mcmc.kernels")
+    if hasattr(kernels, "build_lean_loop"):
+        kernels.build_lean_loop = timed(kernels.build_lean_loop)
     executor_mod = importlib.import_module("probtorch.inference.mcmc.executor")
     if hasattr(executor_mod, "InPlaceLoop"):
         executor_mod.trace_in_place = timed(executor_mod.trace_in_place)
