@@ -175,3 +175,22 @@ def test_buffer_pool_turns_itself_off_when_a_call_asks_for_other_buffers():
     assert not pool.enabled  # the second call asked for a (5,) buffer where the first had (4,)
     assert got[1][0] is got[0][0]  # pooled until then
     assert got[2][0] is not got[0][0] and got[2][1].shape == (5,)  # fresh buffers after
+
+
+@pytest.mark.slow
+def test_lean_loop_lays_inputs_out_as_its_package_was_traced(monkeypatch, tmp_path):
+    """A package traced on a dense but permuted argument, then called with a contiguous one
+    (as a later block's tensors may be): the inputs are copied to the traced layout, so the
+    results are eager's (the package's code does not check strides)."""
+    from probtorch.inference.mcmc import lean
+
+    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(tmp_path))
+    g = torch.Generator().manual_seed(5)
+    permuted = torch.randn(4, 50, 3, generator=g).permute(2, 1, 0)  # (3, 50, 4), not contiguous
+    limit = torch.tensor([5, 17, 40])
+    loop = lean.build_lean_loop(_walk, _start(), (permuted, limit), 1, lambda s: s.done)
+    assert loop is not None
+    noise = permuted.contiguous()
+    out = loop(_start(), noise, limit)
+    expected = ChunkedLoop(_walk, compiled=False)(_start(), noise, limit)
+    assert all(torch.equal(a, b) for a, b in zip(out, expected))

@@ -29,7 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ...validation import torch_validation
-from ..compile import compile_fn, inductor_base_options, note_direct_compile, skip_guards
+from ..compile import _FALSE, compile_fn, inductor_base_options, note_direct_compile, skip_guards
 
 __all__ = ["ChunkedLoop", "InPlaceLoop", "TracedChunk", "trace_in_place"]
 
@@ -155,6 +155,16 @@ def in_place_inputs(state, args) -> tuple[list, list]:
     return leaves, [_dense(x) for x in pytree.tree_leaves(args)]
 
 
+def with_strides(tensors: list, strides: list) -> list:
+    """``tensors``, each laid out with the given strides (copied where it is not)."""
+    return [
+        x
+        if x.stride() == s
+        else torch.empty_strided(x.shape, s, dtype=x.dtype, device=x.device).copy_(x)
+        for x, s in zip(tensors, strides)
+    ]
+
+
 def _dense(x: torch.Tensor) -> torch.Tensor:
     """``x``, or a contiguous copy where its elements overlap or leave gaps (``clone`` and
     ``empty_like`` keep the strides of any other tensor)."""
@@ -274,7 +284,7 @@ class _BufferPool:
     def attach(cls, modules) -> _BufferPool | None:
         """A pool for the one generated module among ``modules`` (those loaded by a compile),
         or None when that is not what was loaded."""
-        if os.environ.get("PROBTORCH_POOL_BUFFERS", "1").strip().lower() in ("0", "false", "no"):
+        if os.environ.get("PROBTORCH_POOL_BUFFERS", "1").strip().lower() in _FALSE:
             return None
         found = [m for m in modules if callable(getattr(m, "call", None))]
         if len(found) != 1 or not callable(getattr(found[0], "empty_strided_cpu", None)):
@@ -299,11 +309,13 @@ class _BufferPool:
         if k == len(self._buffers):
             self._buffers.append(self._allocate(size, stride, dtype))
         buffer = self._buffers[k]
-        if tuple(buffer.shape) != tuple(size) or buffer.stride() != tuple(stride):
-            self.enabled = False
-        elif buffer.dtype != dtype:
-            self.enabled = False
-        return buffer if self.enabled else self._allocate(size, stride, dtype)
+        same = (tuple(buffer.shape), buffer.stride(), buffer.dtype) == (
+            tuple(size),
+            tuple(stride),
+            dtype,
+        )
+        self.enabled = same
+        return buffer if same else self._allocate(size, stride, dtype)
 
 
 class InPlaceLoop:

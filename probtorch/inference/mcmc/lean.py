@@ -38,7 +38,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..compile import inductor_base_options
-from .executor import TracedChunk, in_place_inputs, trace_in_place
+from .executor import TracedChunk, in_place_inputs, trace_in_place, with_strides
 
 __all__ = [
     "LeanLoop",
@@ -127,13 +127,16 @@ class LeanLoop:
     """Runs a compiled in-place chunk until every chain is done (see the module docstring).
 
     Called like :class:`~.executor.ChunkedLoop`: ``loop(state, *args)`` returns the final
-    state. The state's tensors are updated in place; ``args`` are read only.
+    state. The state's tensors are updated in place; ``args`` are read only. The package's
+    generated code does not check strides: inputs are laid out as the chunk was traced
+    (``traced``), whatever layout a later block's tensors have.
     """
 
-    def __init__(self, runner, state_spec, num_state: int, chunk_size: int, path: str):
+    def __init__(self, runner, traced: TracedChunk, chunk_size: int, path: str):
         self._runner = runner
-        self._state_spec = state_spec
-        self._num_state = num_state
+        self._state_spec = traced.state_spec
+        self._num_state = traced.num_state
+        self._strides = [x.stride() for x in traced.inputs[:-1]]
         self.chunk_size = chunk_size
         self.path = path
         self.calls = 0
@@ -142,8 +145,10 @@ class LeanLoop:
     def __call__(self, state, *args):
         # the state owns new buffers (written in place), laid out as the package expects
         leaves, arg_leaves = in_place_inputs(state, args)
+        inputs = with_strides(leaves + arg_leaves, self._strides)
+        leaves = inputs[: self._num_state]
         flag = torch.zeros((), dtype=torch.bool)
-        inputs = leaves + arg_leaves + [flag]
+        inputs.append(flag)
         self.interrupted = False
         try:
             self.calls += self._runner.run_until(inputs, flag, 2**62)
@@ -231,7 +236,7 @@ def build_lean_loop(
     except Exception as error:  # a missing toolchain or an unsupported op: fall back
         _warn_fallback(error)
         return None
-    return LeanLoop(runner, traced.state_spec, traced.num_state, chunk_size, path)
+    return LeanLoop(runner, traced, chunk_size, path)
 
 
 def background_builds_allowed() -> bool:
@@ -287,7 +292,6 @@ class TieredBuild:
                 iteration, example_state, example_args, chunk_size, done, key, inductor_configs
             )
             gm, inputs = self.traced.graph, self.traced.inputs
-            self._state_spec, self._num_state = self.traced.state_spec, self.traced.num_state
         except Exception as error:  # an op make_fx cannot trace: stay on the quick path
             self.failed = _error_line(error)
             _warn_fallback(self.failed)
@@ -334,7 +338,7 @@ class TieredBuild:
             self.failed = _error_line(error)
             _warn_fallback(error)
             return None
-        self.loop = LeanLoop(runner, self._state_spec, self._num_state, self._chunk_size, self.path)
+        self.loop = LeanLoop(runner, self.traced, self._chunk_size, self.path)
         return self.loop
 
 
