@@ -105,6 +105,27 @@ def test_compiled_step_has_no_graph_breaks_no_recompiles_and_eager_losses():
     assert not torch.equal(r1.params["w_loc"], r2.params["w_loc"])
 
 
+def test_compiled_step_is_cached_by_inductor():
+    # The step is compiled with a decomposition table of probtorch's own; a table that does
+    # not pickle made Inductor bypass its FX graph cache, so every process compiled again.
+    from torch._dynamo.utils import counters
+    from torch._inductor.codecache import FxGraphCachePickler
+
+    from probtorch.inference.svi import _compile_options
+
+    table = _compile_options()["backend"].keywords["decompositions"]
+    key = FxGraphCachePickler(torch.fx.GraphModule({}, torch.fx.Graph())).dumps(table)
+    assert isinstance(key, bytes) and len(key) < 1000  # the table's name, not its contents
+    assert torch.ops.aten.mv.default not in table and len(table) > 100
+    before = dict(counters["inductor"])
+    svi = SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), seed=4)
+    svi.run(2, _data(), progress_bar=False)
+    after = counters["inductor"]
+    assert after["fxgraph_cache_bypass"] == before.get("fxgraph_cache_bypass", 0)
+    looked_up = [after[k] - before.get(k, 0) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")]
+    assert sum(looked_up) == 1
+
+
 def mixture_model(x):
     mu = pt.sample("mu", dist.Normal(0.0, 1.0))
     with pt.plate("n", len(x)):
