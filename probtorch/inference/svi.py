@@ -62,6 +62,7 @@ from .compile import (
     inference_threads,
     skip_guards,
 )
+from .data_layout import DataLayout
 from .elbo import ELBO, _Record, _Seeded
 
 __all__ = ["SVI", "SVIRunResult", "NonFiniteLossError"]
@@ -290,6 +291,7 @@ class SVI:
         self._rng_state = None
         self._initialized = False
         self._blocks: dict[int, Callable] = {}
+        self._data_layout: DataLayout | None = None
 
     # -- random numbers ------------------------------------------------------------------
     @contextlib.contextmanager
@@ -353,6 +355,7 @@ class SVI:
         self._opt_state = self.optim.init(self._flat)
         self._elbo_state = dict(self._plan.initial_state)
         self._blocks = {}
+        self._data_layout = None
         self._num_steps = 0  # steps taken, for messages
         self._initialized = True
         return self.get_params()
@@ -449,8 +452,25 @@ class SVI:
             self._blocks[num_steps] = self._make_block(num_steps)
         return self._blocks[num_steps]
 
+    def _laid_out(self, args, kwargs) -> tuple[tuple, dict]:
+        """The data arguments as the step reads them fastest (:mod:`.data_layout`): a data
+        matrix used only in matrix-vector products is passed with its longer dimension
+        contiguous. Chosen from one eager evaluation of the loss at the first block."""
+        if self._data_layout is None:
+
+            def loss(*a, **k):
+                try:
+                    with torch_validation(False):
+                        return self._surrogate(self._flat, self._elbo_state, a, k)
+                finally:
+                    self._swap_modules(None)
+
+            self._data_layout = DataLayout.find(loss, args, kwargs)
+        return self._data_layout.apply(args, kwargs)
+
     def _run_block(self, num_steps: int, num_active: int, args, kwargs):
         """Run one block; returns ``(losses, oks)`` lists of the ``num_active`` first steps."""
+        args, kwargs = self._laid_out(args, kwargs)
         lrs = self.optim.learning_rates(num_active) + [0.0] * (num_steps - num_active)
         dtype, device = self._layout.dtype, self._layout.device
         lrs = torch.tensor(lrs, dtype=dtype, device=device)
