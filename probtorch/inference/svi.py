@@ -292,6 +292,7 @@ class SVI:
         self._initialized = False
         self._blocks: dict[int, Callable] = {}
         self._data_layout: DataLayout | None = None
+        self._inputs_cache: tuple = (None, None)
 
     # -- random numbers ------------------------------------------------------------------
     @contextlib.contextmanager
@@ -356,6 +357,7 @@ class SVI:
         self._elbo_state = dict(self._plan.initial_state)
         self._blocks = {}
         self._data_layout = None
+        self._inputs_cache = (None, None)
         self._num_steps = 0  # steps taken, for messages
         self._initialized = True
         return self.get_params()
@@ -439,7 +441,10 @@ class SVI:
                 alive = ok
                 losses.append(loss)
                 oks.append(ok)
-            return flat, opt_state, elbo_state, last_good, torch.stack(losses), torch.stack(oks)
+            # one tensor (losses, then 1.0 for a finite step): one read on the host
+            losses = torch.stack(losses)
+            report = torch.stack([losses, torch.stack(oks).to(losses.dtype)])
+            return flat, opt_state, elbo_state, last_good, report
 
         if not self.compiled:
             return svi_block
@@ -468,13 +473,24 @@ class SVI:
             self._data_layout = DataLayout.find(loss, args, kwargs)
         return self._data_layout.apply(args, kwargs)
 
+    def _block_inputs(self, lrs: tuple, num_steps: int, num_active: int):
+        """The block's learning-rate and active-step tensors, reused while they repeat (a
+        constant learning rate makes the same tensors every call: ~4 us per call saved)."""
+        key = (lrs, num_steps, num_active)
+        if self._inputs_cache[0] != key:
+            dtype, device = self._layout.dtype, self._layout.device
+            tensors = (
+                torch.tensor(lrs, dtype=dtype, device=device),
+                torch.arange(num_steps, device=device) < num_active,
+            )
+            self._inputs_cache = (key, tensors)
+        return self._inputs_cache[1]
+
     def _run_block(self, num_steps: int, num_active: int, args, kwargs):
         """Run one block; returns ``(losses, oks)`` lists of the ``num_active`` first steps."""
         args, kwargs = self._laid_out(args, kwargs)
         lrs = self.optim.learning_rates(num_active) + [0.0] * (num_steps - num_active)
-        dtype, device = self._layout.dtype, self._layout.device
-        lrs = torch.tensor(lrs, dtype=dtype, device=device)
-        active = torch.arange(num_steps, device=device) < num_active
+        lrs, active = self._block_inputs(tuple(lrs), num_steps, num_active)
         block = self._block(num_steps)
         try:
             with torch_validation(False):
@@ -490,12 +506,11 @@ class SVI:
                 )
         finally:
             self._swap_modules(None)
-        flat, opt_state, elbo_state, last_good, losses, oks = out
+        flat, opt_state, elbo_state, last_good, report = out
         self._flat, self._opt_state, self._elbo_state = flat, opt_state, elbo_state
         self._last_good = last_good
-        losses = losses[:num_active].tolist()
-        oks = oks[:num_active].tolist()
-        return losses, oks
+        losses, oks = report[:, :num_active].tolist()
+        return losses, [ok == 1.0 for ok in oks]
 
     def _handle_nonfinite(self, losses: list, oks: list, done: int, args, kwargs):
         """Keep the params of the last finite step; ``(failed step, message)``."""
@@ -633,8 +648,9 @@ class SVI:
                     self.optim.observe(losses)
                     all_losses.extend(losses)
                     done += active
-                    bar.update(active)
-                    bar.set_postfix_str(f"loss={sum(losses) / len(losses):.4g}", refresh=False)
+                    if progress_bar:
+                        bar.update(active)
+                        bar.set_postfix_str(f"loss={sum(losses) / len(losses):.4g}", refresh=False)
         except KeyboardInterrupt:
             warnings.warn(
                 f"SVI interrupted after {done} of {num_steps} steps; returning the result so "
