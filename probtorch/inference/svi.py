@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import warnings
 from collections.abc import Callable
 from typing import NamedTuple
@@ -56,6 +57,7 @@ from ..params import ParamStore, param_scope
 from ..runtime import Message, Messenger
 from ..validation import torch_validation
 from .compile import (
+    _FALSE,
     _fresh_function,
     compile_enabled,
     inductor_base_options,
@@ -64,6 +66,8 @@ from .compile import (
 )
 from .data_layout import DataLayout
 from .elbo import ELBO, _Record, _Seeded
+from .mcmc.executor import deferred_interrupts
+from .svi_block import InPlaceBlock
 
 __all__ = ["SVI", "SVIRunResult", "NonFiniteLossError"]
 
@@ -187,14 +191,14 @@ def _decomposition_table(kept_ops: tuple = _KEPT_OPS, version: str = "") -> _Dec
     return table
 
 
-def _compile_options() -> dict:
-    """``torch.compile`` arguments that make compiled draws equal eager draws.
+def _compile_kwargs() -> dict:
+    """Inductor ``compile_fx`` arguments for the SVI step: draws equal to eager draws.
 
     ``fallback_random`` makes Inductor call torch's samplers (and so torch's generator) as
     eager code does. ``aten.bernoulli`` is still decomposed into ``rand < p`` before
     Inductor sees it, which draws other numbers than eager ``torch.bernoulli``; without that
-    decomposition it runs as torch's sampler. This uses Inductor's ``compile_fx`` (private);
-    if it is missing, only Bernoulli draws differ between compiled and eager runs.
+    decomposition it runs as torch's sampler. This uses Inductor's private decomposition
+    table; if it is missing, only Bernoulli draws differ between compiled and eager runs.
 
     ``aten.mv`` and ``aten.dot`` are not decomposed either: Inductor would turn them into
     its own pointwise-and-reduction loops, which made ``X @ beta`` (and its gradient, a
@@ -202,19 +206,26 @@ def _compile_options() -> dict:
     slower steps at N=5000, D=25); undecomposed they run as BLAS calls, as in eager mode.
     The table keeps Inductor's FX graph cache working (:class:`_DecompositionTable`).
     """
+    table = _decomposition_table(_KEPT_OPS, torch.__version__)
+    _register_bernoulli_fallback()
+    return {
+        "config_patches": {**inductor_base_options(), **_INDUCTOR_OPTIONS},
+        "decompositions": table,
+    }
+
+
+def _compile_options() -> dict:
+    """``torch.compile`` arguments for the SVI step (:func:`_compile_kwargs`)."""
     try:
         from torch._inductor.compile_fx import compile_fx
 
-        table = _decomposition_table(_KEPT_OPS, torch.__version__)
-        _register_bernoulli_fallback()
-        backend = functools.partial(
-            compile_fx,
-            decompositions=table,
-            config_patches={**inductor_base_options(), **_INDUCTOR_OPTIONS},
-        )
-        return {"backend": backend}
+        return {"backend": functools.partial(compile_fx, **_compile_kwargs())}
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other torch versions
         return {"options": {**inductor_base_options(), **_INDUCTOR_OPTIONS}}
+
+
+def _never() -> bool:
+    return False
 
 
 class SVI:
@@ -290,7 +301,7 @@ class SVI:
         self.param_store = ParamStore()
         self._rng_state = None
         self._initialized = False
-        self._blocks: dict[int, Callable] = {}
+        self._blocks: dict[tuple, Callable] = {}
         self._data_layout: DataLayout | None = None
         self._inputs_cache: tuple = (None, None)
 
@@ -351,6 +362,9 @@ class SVI:
             device=leaves[0].device,
         )
         self._module_owners = self._find_module_owners(names, leaves, called)
+        self._called_modules = tuple(
+            {id(sub): sub for caller in called for sub in caller.modules()}.values()
+        )
         self._flat = torch.cat([leaf.detach().reshape(-1).to(dtype) for leaf in leaves])
         self._last_good = self._flat.clone()  # a distinct tensor: aliasing would recompile
         self._opt_state = self.optim.init(self._flat)
@@ -418,7 +432,8 @@ class SVI:
         new_state = {k: v.detach() for k, v in new_state.items()}
         return surrogate, (loss.detach(), new_state)
 
-    def _make_block(self, num_steps: int) -> Callable:
+    def _block_function(self, num_steps: int) -> Callable:
+        """``num_steps`` unrolled steps as one eager function (see the module docstring)."""
         grad_fn = torch.func.grad_and_value(self._surrogate, has_aux=True)
         update = self.optim.update
 
@@ -446,16 +461,57 @@ class SVI:
             report = torch.stack([losses, torch.stack(oks).to(losses.dtype)])
             return flat, opt_state, elbo_state, last_good, report
 
+        return svi_block
+
+    def _make_block(self, num_steps: int, in_place: bool) -> Callable:
+        """The block of ``num_steps`` steps: eager (``compile=False``), compiled in place
+        (:class:`~.svi_block.InPlaceBlock`, for :meth:`run`) or by ``torch.compile``,
+        whose guards check every call (for :meth:`step`, and where capture fails)."""
+        svi_block = self._block_function(num_steps)
         if not self.compiled:
             return svi_block
-        return torch.compile(
-            _fresh_function(svi_block), fullgraph=True, dynamic=False, **_compile_options()
+        options = _compile_options()
+
+        def dynamo_block():
+            return torch.compile(
+                _fresh_function(svi_block), fullgraph=True, dynamic=False, **options
+            )
+
+        enabled = os.environ.get("PROBTORCH_SVI_IN_PLACE", "1").strip().lower() not in _FALSE
+        if not (in_place and enabled) or "backend" not in options:
+            return dynamo_block()
+        return InPlaceBlock(
+            svi_block,
+            options["backend"].keywords,
+            fallback=dynamo_block,
+            after_trace=lambda: self._swap_modules(None),
+            modules=self._called_modules,
+            probe=self._probe,
+            settings=self._optimizer_settings,
         )
 
-    def _block(self, num_steps: int) -> Callable:
-        if num_steps not in self._blocks:
-            self._blocks[num_steps] = self._make_block(num_steps)
-        return self._blocks[num_steps]
+    def _optimizer_settings(self) -> str:
+        """The optimizer's hyperparameters the compiled update holds as constants (the
+        learning rate is an input of the block)."""
+        optim = self.optim
+        while not hasattr(optim, "hyper") and hasattr(optim, "optimizer"):
+            optim = optim.optimizer  # a scheduler
+        hyper = getattr(optim, "hyper", {})
+        return repr(sorted((k, v) for k, v in hyper.items() if k != "lr"))
+
+    def _probe(self, flat, opt_state, elbo_state, last_good, active, lrs, args, kwargs):
+        """The loss alone, as a block: what the in-place block captures again at the start
+        of each run to see whether the model and guide still compute the same graph
+        (:class:`~.svi_block.InPlaceBlock`)."""
+        surrogate, (loss, new_elbo_state) = self._surrogate(flat, elbo_state, args, kwargs)
+        report = torch.stack([surrogate.detach().to(loss.dtype), loss])
+        return flat, opt_state, {**elbo_state, **new_elbo_state}, last_good, report
+
+    def _block(self, num_steps: int, in_place: bool = True) -> Callable:
+        key = (num_steps, in_place and self.compiled)
+        if key not in self._blocks:
+            self._blocks[key] = self._make_block(num_steps, in_place)
+        return self._blocks[key]
 
     def _laid_out(self, args, kwargs) -> tuple[tuple, dict]:
         """The data arguments as the step reads them fastest (:mod:`.data_layout`): a data
@@ -486,12 +542,17 @@ class SVI:
             self._inputs_cache = (key, tensors)
         return self._inputs_cache[1]
 
-    def _run_block(self, num_steps: int, num_active: int, args, kwargs):
+    def _forget_arguments(self) -> None:
+        for block in self._blocks.values():
+            if isinstance(block, InPlaceBlock):
+                block.forget_arguments()
+
+    def _run_block(self, num_steps: int, num_active: int, args, kwargs, in_place: bool = True):
         """Run one block; returns ``(losses, oks)`` lists of the ``num_active`` first steps."""
         args, kwargs = self._laid_out(args, kwargs)
         lrs = self.optim.learning_rates(num_active) + [0.0] * (num_steps - num_active)
         lrs, active = self._block_inputs(tuple(lrs), num_steps, num_active)
-        block = self._block(num_steps)
+        block = self._block(num_steps, in_place)
         try:
             with torch_validation(False):
                 out = block(
@@ -573,7 +634,7 @@ class SVI:
         """
         self._ensure_init(args, kwargs)
         with self._rng():
-            losses, oks = self._run_block(1, 1, args, kwargs)
+            losses, oks = self._run_block(1, 1, args, kwargs, in_place=False)
         if not oks[0]:
             _, message = self._handle_nonfinite(losses, oks, self._num_steps, args, kwargs)
             self._sync_store()
@@ -626,9 +687,16 @@ class SVI:
         done = 0
         calls = 0
         guards = contextlib.ExitStack()
+        pressed = _never
+        self._forget_arguments()
         try:
             with self._rng(), guards:
                 while done < num_steps:
+                    if pressed is _never and (calls == 1 or (block, True) in self._blocks):
+                        # An in-place block writes the state with several kernels: Ctrl-C
+                        # is held until the block has finished (not during a block's first
+                        # call, which compiles and writes new buffers).
+                        pressed = guards.enter_context(deferred_interrupts())
                     if calls == 2:
                         # The first two calls checked Dynamo's guards (compiling if
                         # needed); the arguments stay the same for the rest of this run and
@@ -651,6 +719,8 @@ class SVI:
                     if progress_bar:
                         bar.update(active)
                         bar.set_postfix_str(f"loss={sum(losses) / len(losses):.4g}", refresh=False)
+                    if pressed():  # Ctrl-C, held until the block had finished
+                        raise KeyboardInterrupt
         except KeyboardInterrupt:
             warnings.warn(
                 f"SVI interrupted after {done} of {num_steps} steps; returning the result so "

@@ -1,0 +1,177 @@
+"""The in-place compiled SVI block (probtorch/inference/svi_block.py) against eager SVI."""
+
+import os
+import signal
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.distributions import constraints
+from probtorch.inference import SVI, Trace_ELBO
+from probtorch.inference.compile import count_compiles
+from probtorch.inference.svi_block import InPlaceBlock
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    torch.set_default_dtype(torch.float64)
+
+
+SCALE = 1.0
+SHIFT = torch.zeros(())
+
+
+def global_model(y, n):
+    mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+    with pt.plate("n", len(y)):
+        pt.sample("y", dist.Normal(mu + SHIFT, SCALE * n), obs=y)
+
+
+def guide(y, n):
+    loc = pt.param("loc", torch.tensor(0.0))
+    scale = pt.param("scale", torch.tensor(1.0), constraint=constraints.positive)
+    pt.sample("mu", dist.Normal(loc, scale))
+
+
+def _pair(model, guide, **kwargs):
+    def make(compile):
+        return SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=compile, seed=7,
+                   **kwargs)  # fmt: skip
+
+    return make(True), make(False)
+
+
+def _same(compiled, eager, *args, steps=6):
+    a = compiled.run(steps, *args, progress_bar=False)
+    b = eager.run(steps, *args, progress_bar=False)
+    torch.testing.assert_close(a.losses, b.losses, rtol=1e-10, atol=1e-10)
+    for name in b.params:
+        torch.testing.assert_close(a.params[name], b.params[name], rtol=1e-10, atol=1e-10)
+    return a
+
+
+def test_runs_follow_changes_the_model_reads_from_outside_its_arguments():
+    global SCALE, SHIFT
+    y = torch.linspace(-1.0, 3.0, 7)
+    compiled, eager = _pair(global_model, guide, steps_per_call=2)
+    try:
+        with count_compiles() as stats:
+            _same(compiled, eager, y, 1)
+            _same(compiled, eager, y, 1)  # nothing changed: no new graph
+        assert stats.graphs == 1 and stats.graph_breaks == 0
+        assert isinstance(compiled._blocks[(2, True)], InPlaceBlock)
+        with count_compiles() as stats:
+            SCALE = 2.0  # a global float
+            _same(compiled, eager, y, 1)
+            SHIFT.add_(0.5)  # a global tensor changed in place
+            _same(compiled, eager, y, 1)
+            SHIFT = torch.tensor(-1.0)  # a global tensor replaced
+            _same(compiled, eager, y, 1)
+            _same(compiled, eager, y, 3)  # a non-tensor argument
+        assert stats.graphs == 4
+    finally:
+        SCALE, SHIFT = 1.0, torch.zeros(())
+
+
+def test_module_training_flags_and_optimizer_settings_recompile():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.3), nn.Linear(8, 2))
+    x = torch.randn(20, 3)
+    y = torch.randn(20)
+
+    def model(x, y):
+        w = pt.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pt.plate("n", len(y)):
+            pt.sample("y", dist.Normal(x[:, :2] @ w, 1.0), obs=y)
+
+    def amortized_guide(x, y):
+        h = pt.module("net", net)(x).mean(0)
+        pt.sample("w", dist.Normal(h, 0.5).to_event(1))
+
+    initial = {k: v.clone() for k, v in net.state_dict().items()}
+    results = {}
+    for compile in (True, False):
+        net.load_state_dict(initial)
+        net.train()
+        svi = SVI(model, amortized_guide, pt.optim.Adam(lr=0.01), Trace_ELBO(),
+                  compile=compile, seed=3)  # fmt: skip
+        first = svi.run(4, x, y, progress_bar=False).losses
+        net.eval()  # no dropout from here on: another graph
+        second = svi.run(4, x, y, progress_bar=False).losses
+        svi.optim.hyper["betas"] = (0.5, 0.6)
+        third = svi.run(4, x, y, progress_bar=False).losses
+        results[compile] = (first, second, third)
+    for a, b in zip(*results.values()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_a_data_dependent_branch_falls_back_to_torch_compile_and_its_error():
+    def branching_model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        scale = 1.0 if mu > 0 else 2.0  # decided by a value: cannot be one graph
+        pt.sample("y", dist.Normal(mu, scale).expand([len(y)]).to_event(1), obs=y)
+
+    svi = SVI(branching_model, lambda y: guide(y, 1), pt.optim.Adam(lr=0.05), Trace_ELBO())
+    with pytest.warns(UserWarning, match="could not be captured as an in-place graph"):
+        with pytest.raises(Exception, match="(?i)data.dependent|graph break|Unsupported"):
+            svi.run(3, torch.ones(4), progress_bar=False)
+
+
+def test_a_block_that_writes_into_its_data_falls_back():
+    # (Inside SVI's gradient transform torch itself refuses such writes; the check guards
+    # the in-place graph, whose buffers would otherwise be the caller's tensors.)
+    def block(flat, opt_state, elbo_state, last_good, active, lrs, args, kwargs):
+        args[0].add_(1.0)
+        return flat + args[0].sum(), opt_state, elbo_state, last_good, flat.sum()[None]
+
+    calls = []
+
+    def fallback():
+        calls.append(1)
+        return block
+
+    run = InPlaceBlock(block, {}, fallback=fallback)
+    data = torch.zeros(3)
+    with pytest.warns(UserWarning, match="writes into"):
+        out = run(torch.zeros(2), (), {}, torch.zeros(2), None, torch.ones(1), (data,), {})
+    assert calls == [1] and torch.equal(data, torch.ones(3))
+    assert torch.equal(out[0], torch.full((2,), 3.0))
+
+
+def test_step_uses_the_guarded_block_and_agrees_with_run():
+    y = torch.linspace(-1.0, 3.0, 7)
+    compiled, eager = _pair(global_model, guide)
+    _same(compiled, eager, y, 1, steps=3)
+    for _ in range(3):
+        torch.testing.assert_close(compiled.step(y, 1), eager.step(y, 1), rtol=1e-10, atol=1e-10)
+    assert not isinstance(compiled._blocks[(1, False)], InPlaceBlock)
+    _same(compiled, eager, y, 1, steps=3)
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="SIGINT is delivered to the main thread",
+)
+def test_ctrl_c_stops_a_run_between_whole_blocks():
+    y = torch.linspace(-1.0, 3.0, 7)
+    compiled, eager = _pair(global_model, guide, steps_per_call=2)
+    compiled.run(2, y, 1, progress_bar=False)  # compiled before the timer starts
+    eager.run(2, y, 1, progress_bar=False)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.warns(RuntimeWarning, match="interrupted after"):
+            result = compiled.run(10**7, y, 1, progress_bar=False)
+    finally:
+        timer.cancel()
+    done = len(result.losses)
+    assert 0 < done < 10**7 and done % 2 == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    expected = eager.run(done, y, 1, progress_bar=False)
+    torch.testing.assert_close(result.losses, expected.losses, rtol=1e-10, atol=1e-10)
+    for name in expected.params:
+        torch.testing.assert_close(result.params[name], expected.params[name])
