@@ -48,3 +48,15 @@ def shared_dir():
     if not SHARED.is_dir():
         pytest.skip("../shared is not present in this checkout")
     return SHARED
+
+
+@pytest.fixture
+def default_sigint():
+    """Python's own Ctrl-C handler for one test. A process started in the background by a
+    non-interactive shell inherits SIGINT as ignored, and Python then installs no handler:
+    a test that sends itself SIGINT would never see it."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

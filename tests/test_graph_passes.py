@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.inference.compile import compile_fn, count_compiles
-from probtorch.inference.graph_passes import BatchedTriangularSolve
+from probtorch.inference.graph_passes import BatchedTriangularSolve, NarrowMatmul
 from probtorch.inference.potential import initialize_model
 
 F64 = torch.float64
@@ -166,3 +166,77 @@ def test_isa_probes_answered_from_cpu_flags_give_inductors_answer():
     trusted, probed = run("0"), run("1")
     assert trusted["isas"] == probed["isas"] and trusted["bf16"] == probed["bf16"]
     assert trusted["probed"] == 0 and trusted["restored"]
+
+
+MM = torch.ops.aten.mm.default
+
+
+def _products(gm):
+    return [
+        (tuple(n.args[0].meta["val"].shape), tuple(n.args[1].meta["val"].shape))
+        for n in gm.graph.nodes
+        if n.target is MM
+    ]
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape,dtype,rewritten",
+    [
+        ((5000, 25), (25, 4), torch.float32, True),  # X @ B: data times one column per chain
+        ((25, 5000), (5000, 4), torch.float32, True),  # its gradient, Xᵀ G
+        ((1000, 100), (100, 8), torch.float32, True),
+        ((1000, 100), (100, 16), F64, True),
+        ((1000, 100), (100, 9), torch.float32, False),  # wide enough for MKL
+        ((1000, 100), (100, 17), F64, False),
+        ((5000, 25), (25, 1), torch.float32, False),  # one column: a matrix-vector product
+        ((85, 10), (10, 4), F64, False),  # small: call setup dominates
+    ],
+)
+def test_narrow_products_are_computed_transposed(a_shape, b_shape, dtype, rewritten):
+    g = torch.Generator().manual_seed(2)
+    A = torch.randn(a_shape, generator=g, dtype=dtype)
+    B = torch.randn(b_shape, generator=g, dtype=dtype)
+    gm = make_fx(torch.mm, tracing_mode="fake")(A, B)
+    NarrowMatmul()(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    expected = [(b_shape[::-1], a_shape[::-1])] if rewritten else [(a_shape, b_shape)]
+    assert _products(gm) == expected
+    out = gm(A, B)
+    assert out.shape == (a_shape[0], b_shape[1])
+    tol = 1e-12 if dtype == F64 else 1e-4
+    torch.testing.assert_close(out, A @ B, rtol=tol, atol=tol)
+
+
+def test_natural_regression_under_the_chain_vmap_is_rewritten_and_exact(float64, monkeypatch):
+    """``X @ beta`` batched over chains (and its gradient) reaches Inductor as two narrow
+    products; compiled with probtorch's options both are transposed, and the potential and
+    gradient equal eager ones."""
+    from torch._inductor.utils import fresh_cache
+
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(2000, 20, generator=g, dtype=F64)
+    y = torch.bernoulli(torch.full((2000,), 0.4, dtype=F64), generator=g)
+
+    def nll(beta):
+        logits = X @ beta
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="sum")
+
+    seen = []
+    rewrite = NarrowMatmul.__call__
+
+    def spy(self, graph):
+        rewrite(self, graph)
+        seen.extend(
+            tuple(n.args[1].meta["val"].shape) for n in graph.nodes if n.target is MM
+        )
+
+    monkeypatch.setattr(NarrowMatmul, "__call__", spy)
+    batched = torch.func.vmap(torch.func.grad_and_value(nll))
+    beta = torch.randn(4, 20, generator=g, dtype=F64)
+    with fresh_cache():
+        grad, value = compile_fn(batched)(beta)
+    ref_grad, ref_value = batched(beta)
+    torch.testing.assert_close(value, ref_value, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-10)
+    assert sorted(seen) == [(20, 2000), (2000, 20)]  # both products: chains first

@@ -100,7 +100,7 @@ def test_in_place_loop_falls_back_to_torch_compile_with_a_warning(monkeypatch):
     threading.current_thread() is not threading.main_thread(),
     reason="SIGINT is delivered to the main thread",
 )
-def test_ctrl_c_stops_the_in_place_loop_between_whole_chunks():
+def test_ctrl_c_stops_the_in_place_loop_between_whole_chunks(default_sigint):
     """SIGINT while the loop runs: it stops after the call in progress, with the state of
     whole iterations (``steps`` and ``twin`` are written by the same chunk)."""
     loop = InPlaceLoop(_walk)

@@ -156,7 +156,7 @@ def test_step_uses_the_guarded_block_and_agrees_with_run():
     threading.current_thread() is not threading.main_thread(),
     reason="SIGINT is delivered to the main thread",
 )
-def test_ctrl_c_stops_a_run_between_whole_blocks():
+def test_ctrl_c_stops_a_run_between_whole_blocks(default_sigint):
     y = torch.linspace(-1.0, 3.0, 7)
     compiled, eager = _pair(global_model, guide, steps_per_call=2)
     compiled.run(2, y, 1, progress_bar=False)  # compiled before the timer starts
