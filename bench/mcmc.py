@@ -158,11 +158,10 @@ def probtorch_model(model: str, data: dict):
 
         def logreg(X, y):
             beta = pt.sample("beta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-            # Under probtorch's vmap over chains, `beta @ X.T` (batched left operand) folds
-            # the chains into one matrix-matrix product (BLAS); `(X @ beta[..., None])[..., 0]`
-            # becomes a batched matrix-vector product that Inductor generates itself, ~5x
-            # slower here (see bench/RESULTS.md).
-            logits = beta @ X.T
+            # As in the NumPyro and Pyro models. Under the chain vmap this is a product with
+            # one column per chain, which probtorch's NarrowMatmul pass computes transposed
+            # (graph_passes.py; until the sixth session this model was written beta @ X.T).
+            logits = X @ beta
             with pt.plate("n", X.shape[0]):
                 pt.sample("y", dist.Bernoulli(logits=logits), obs=y)
 
