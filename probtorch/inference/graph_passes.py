@@ -46,44 +46,66 @@ def _val(node):
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
-class BatchedTriangularSolve(CustomGraphPass):
+class _OpRewrite(CustomGraphPass):
+    """Offers every node that calls ``target`` on two tensors (with known values) to
+    ``_rewrite(graph, node, a, b)``."""
+
+    target = None
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in list(graph.nodes):
+            if node.op == "call_function" and node.target is self.target:
+                a, b, out = (_val(x) for x in (*node.args[:2], node))
+                if all(isinstance(t, torch.Tensor) for t in (a, b, out)):
+                    self._rewrite(graph, node, a, b)
+
+    @staticmethod
+    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, a, b) -> None:
+        raise NotImplementedError
+
+
+def _reads_layout(node: torch.fx.Node) -> bool:
+    """Whether a consumer reads ``node``'s memory layout directly (keep the original op)."""
+    return any(user.target is _aten.as_strided.default for user in node.users)
+
+
+def _emitter(graph: torch.fx.Graph, fake_mode):
+    """``emit(op, *args, **kwargs)``: a new node before the insertion point, with its value."""
+
+    def emit(op, *args, **kwargs):
+        values = [_val(x) if isinstance(x, torch.fx.Node) else x for x in args]
+        new = graph.call_function(op, tuple(args), kwargs)
+        with fake_mode:
+            new.meta["val"] = op(*values, **kwargs)
+        return new
+
+    return emit
+
+
+class BatchedTriangularSolve(_OpRewrite):
     """Solve a triangular system shared across a batch once, the batch as extra columns."""
+
+    target = _aten.linalg_solve_triangular.default
 
     def uuid(self) -> str:
         return "probtorch.BatchedTriangularSolve.v1"
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        for node in list(graph.nodes):
-            if node.op == "call_function" and node.target is _aten.linalg_solve_triangular.default:
-                self._rewrite(graph, node)
-
     @staticmethod
-    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, a, b) -> None:
         a_node, b_node = node.args[:2]
-        a, b, out = _val(a_node), _val(b_node), _val(node)
-        if not all(isinstance(t, torch.Tensor) for t in (a, b, out)):
-            return
+        out = _val(node)
         batch_a, batch_b = a.shape[:-2], b.shape[:-2]
         if math.prod(batch_a) != 1 or math.prod(batch_b) <= 1:
             return
-        # consumers that read the result's memory layout directly keep the original op
-        if any(user.target is _aten.as_strided.default for user in node.users):
-            return
         fake_mode = torch._guards.detect_fake_mode([a, b])
-        if fake_mode is None:
+        if _reads_layout(node) or fake_mode is None:
             return
         upper = node.kwargs["upper"]  # keyword-only in the op's schema, as are the others
         left = node.kwargs.get("left", True)
         unitriangular = node.kwargs.get("unitriangular", False)
         n = a.shape[-1]
         nb = len(batch_b)
-
-        def emit(op, *args, **kwargs):
-            fake_args = [_val(x) if isinstance(x, torch.fx.Node) else x for x in args]
-            new = graph.call_function(op, tuple(args), kwargs)
-            with fake_mode:
-                new.meta["val"] = op(*fake_args, **kwargs)
-            return new
+        emit = _emitter(graph, fake_mode)
 
         with graph.inserting_before(node):
             matrix = emit(_aten.view.default, a_node, [n, n])
@@ -111,7 +133,7 @@ class BatchedTriangularSolve(CustomGraphPass):
         graph.erase_node(node)
 
 
-class NarrowMatmul(CustomGraphPass):
+class NarrowMatmul(_OpRewrite):
     """Compute a CPU matrix product with few columns, ``A @ B`` for ``B`` of 2 to 8 columns
     (16 in float64), as ``(Bᵀ Aᵀ)ᵀ``: same products and sums, other loop order.
 
@@ -124,39 +146,24 @@ class NarrowMatmul(CustomGraphPass):
     setup costs more than it saves.
     """
 
+    target = _aten.mm.default
+
     def uuid(self) -> str:
         return "probtorch.NarrowMatmul.v1"
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        for node in list(graph.nodes):
-            if node.op == "call_function" and node.target is _aten.mm.default:
-                self._rewrite(graph, node)
-
     @staticmethod
-    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, a, b) -> None:
         a_node, b_node = node.args[:2]
-        a, b, out = _val(a_node), _val(b_node), _val(node)
-        if not all(isinstance(t, torch.Tensor) for t in (a, b, out)):
-            return
         if a.device.type != "cpu" or not all(isinstance(d, int) for d in (*a.shape, *b.shape)):
             return
         (m, k), n = a.shape, b.shape[1]
         widest = 8 if a.dtype == torch.float32 else 16
         if not (2 <= n <= widest and m * k >= 16384 and m > n):
             return
-        if any(user.target is _aten.as_strided.default for user in node.users):
-            return
         fake_mode = torch._guards.detect_fake_mode([a, b])
-        if fake_mode is None:
+        if _reads_layout(node) or fake_mode is None:
             return
-
-        def emit(op, *args):
-            new = graph.call_function(op, tuple(args))
-            values = [_val(x) if isinstance(x, torch.fx.Node) else x for x in args]
-            with fake_mode:
-                new.meta["val"] = op(*values)
-            return new
-
+        emit = _emitter(graph, fake_mode)
         with graph.inserting_before(node):
             bt = emit(_aten.permute.default, b_node, [1, 0])
             at = emit(_aten.permute.default, a_node, [1, 0])
