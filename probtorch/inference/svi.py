@@ -9,9 +9,13 @@ the parameters are one flat tensor of unconstrained values. One step is a pure f
 that puts the flat values into ``pt.param`` sites (and into the parameters of modules
 registered with ``pt.module``) through a handler, evaluates the ELBO's surrogate loss, takes
 its gradient with ``torch.func.grad_and_value`` and applies the optimizer's functional
-update. ``steps_per_call`` such steps, unrolled, form one function that is compiled with
-``torch.compile(fullgraph=True)`` (no graph breaks) and called from a host loop; the
-learning rates are a tensor argument, so schedules do not recompile. Random numbers come
+update. ``steps_per_call`` such steps, unrolled, form one function, called from a host loop;
+the learning rates are a tensor argument, so schedules do not recompile. :meth:`SVI.run`
+compiles it as a graph that updates the state in place, without Dynamo, checked once per run
+(:mod:`.svi_block`); :meth:`SVI.step` and any function that cannot be captured that way use
+``torch.compile(fullgraph=True)`` (no graph breaks). A data matrix used only in
+matrix-vector products is passed with its long side contiguous (:mod:`.data_layout`).
+Random numbers come
 from torch's global generator (compiled with Inductor's ``fallback_random``), whose state
 SVI keeps for itself, so ``compile=False`` runs the same function eagerly with the same
 draws and the same losses.
