@@ -145,21 +145,23 @@ _INDUCTOR_OPTIONS = {
 }
 
 
-def _register_bernoulli_fallback() -> None:
-    """Give Inductor an explicit fallback lowering for ``aten.bernoulli.default``.
+def _register_fallbacks() -> None:
+    """Give Inductor explicit fallback lowerings for the :data:`_KEPT_OPS`.
 
     Inductor lowers an op that has neither a lowering nor a decomposition by falling back to
     its ATen kernel, but when the environment variable ``CI`` is set it refuses to do that
-    for an op that torch can decompose (``make_fallback(aten.bernoulli.default): a
-    decomposition exists``). Registering the fallback explicitly, without the warning, is
-    what Inductor does for its own fallbacks; ordinary ``torch.compile`` calls still
-    decompose Bernoulli draws before lowering and never reach it.
+    for an op that torch can decompose (``make_fallback(aten.mv.default): a decomposition
+    exists``). Registering the fallback explicitly, without the warning, is what Inductor
+    does for its own fallbacks; ordinary ``torch.compile`` calls still decompose these ops
+    before lowering and never reach it.
     """
     from torch._inductor import lowering
 
-    op = torch.ops.aten.bernoulli.default
-    if op not in lowering.lowerings:
-        lowering.make_fallback(op, warn=False, override_decomp=True)
+    for name in _KEPT_OPS:
+        packet, overload = name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        if op not in lowering.lowerings:
+            lowering.make_fallback(op, warn=False, override_decomp=True)
 
 
 # Ops the compiled SVI step keeps as ATen calls instead of decomposing them (see
@@ -211,7 +213,7 @@ def _compile_kwargs() -> dict:
     The table keeps Inductor's FX graph cache working (:class:`_DecompositionTable`).
     """
     table = _decomposition_table(_KEPT_OPS, torch.__version__)
-    _register_bernoulli_fallback()
+    _register_fallbacks()
     return {
         "config_patches": {**inductor_base_options(), **_INDUCTOR_OPTIONS},
         "decompositions": table,
