@@ -48,6 +48,31 @@ def probtorch_version() -> str | None:
     return (head + ("+dirty" if dirty else "")) or None
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and its waited-for children (compiler processes)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def timed_into(intervals: list, cpu: list | None = None):
+    """A decorator that records each call's ``(start, end)`` wall times in ``intervals``
+    (and its CPU seconds in ``cpu``): compiles that run outside Dynamo's callbacks."""
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            start, cpu0 = time.perf_counter(), cpu_seconds()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                intervals.append((start, time.perf_counter()))
+                if cpu is not None:
+                    cpu.append(cpu_seconds() - cpu0)
+
+        return wrapper
+
+    return timed
+
+
 def worker_env(cold_cache: str | None) -> dict:
     """One thread for torch, BLAS and XLA; ``cold_cache``: an empty compile-cache dir."""
     env = dict(os.environ)

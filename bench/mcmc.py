@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import RESULT_TAG, XLA_FLAGS, environment, spawn
+from harness import RESULT_TAG, XLA_FLAGS, cpu_seconds, environment, spawn, timed_into
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -371,10 +371,7 @@ def pyro_model(model: str, data: dict):
 # ---------------------------------------------------------------------------------------
 # Workers: one run in this process, timed by phase
 # ---------------------------------------------------------------------------------------
-def _cpu() -> float:
-    """CPU seconds of this process and its waited-for children (compiler processes)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+_cpu = cpu_seconds
 
 
 def run_probtorch(model, cfg):
@@ -417,16 +414,7 @@ def run_probtorch(model, cfg):
 
     # The lean executor builds its AOTInductor kernel, and the quick path captures its chunk
     # (make_fx) and compiles it with Inductor, outside Dynamo's callbacks: time them too.
-    def timed(fn):
-        def wrapper(*args, **kwargs):
-            start, cpu = time.perf_counter(), _cpu()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                compiles.append((start, time.perf_counter()))
-                compile_cpu.append(_cpu() - cpu)
-
-        return wrapper
+    timed = timed_into(compiles, compile_cpu)
 
     kernels = importlib.import_module("probtorch.inference.mcmc.kernels")
     if hasattr(kernels, "build_lean_loop"):

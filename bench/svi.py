@@ -48,13 +48,12 @@ import datetime as _dt
 import importlib
 import json
 import math
-import os
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
-from harness import RESULT_TAG, XLA_FLAGS, environment, spawn
+from harness import RESULT_TAG, XLA_FLAGS, cpu_seconds, environment, spawn, timed_into
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -149,10 +148,7 @@ def _torch_mlp_params(encoder, decoder) -> dict:
 # ---------------------------------------------------------------------------------------
 # Workers: one (model, library, variant) in this process
 # ---------------------------------------------------------------------------------------
-def _cpu() -> float:
-    """CPU seconds of this process and its waited-for children (compiler processes)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+_cpu = cpu_seconds
 
 
 def _union_length(intervals: list, lo: float, hi: float) -> float:
@@ -213,16 +209,7 @@ def run_probtorch(model: str, cfg: dict) -> dict:
     # outside Dynamo, and captures a probe at the start of each run: time them as compiles.
     svi_block = importlib.import_module("probtorch.inference.svi_block")
 
-    def timed(fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                compiles.append((start, time.perf_counter()))
-
-        return wrapper
-
+    timed = timed_into(compiles)
     for name in ("_compile", "_fingerprint"):
         if hasattr(svi_block.InPlaceBlock, name):
             setattr(svi_block.InPlaceBlock, name, timed(getattr(svi_block.InPlaceBlock, name)))

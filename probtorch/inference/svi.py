@@ -157,9 +157,7 @@ def _register_fallbacks() -> None:
     """
     from torch._inductor import lowering
 
-    for name in _KEPT_OPS:
-        packet, overload = name.split(".")
-        op = getattr(getattr(torch.ops.aten, packet), overload)
+    for op in _kept_ops(_KEPT_OPS):
         if op not in lowering.lowerings:
             lowering.make_fallback(op, warn=False, override_decomp=True)
 
@@ -169,6 +167,11 @@ def _register_fallbacks() -> None:
 _KEPT_OPS = ("bernoulli.default", "mv.default", "dot.default")
 
 
+def _kept_ops(names: tuple) -> list:
+    """The ATen overloads named ``packet.overload`` in ``names``."""
+    return [getattr(getattr(torch.ops.aten, n.split(".")[0]), n.split(".")[1]) for n in names]
+
+
 class _DecompositionTable(dict):
     """Inductor's decomposition table without the :data:`_KEPT_OPS`, with a stable pickle.
 
@@ -176,24 +179,23 @@ class _DecompositionTable(dict):
     table's values include C++ (pybind11) functions, which cannot be pickled, so a plain
     dict made every SVI compile bypass the cache and run Inductor again in every process
     (about 1.2 s of a logistic-regression step's 2.3 s compile with warm caches). This
-    table pickles as the call that rebuilds it, so the key names the kept ops and the
-    torch version (Inductor's own key covers torch's code).
+    table pickles as the call that rebuilds it, so the key names the kept ops (Inductor's
+    own key covers torch's version and code).
     """
 
     def __reduce__(self):
-        return _decomposition_table, (_KEPT_OPS, torch.__version__)
+        return _decomposition_table, (_KEPT_OPS,)
 
 
 @functools.cache
-def _decomposition_table(kept_ops: tuple = _KEPT_OPS, version: str = "") -> _DecompositionTable:
+def _decomposition_table(kept_ops: tuple) -> _DecompositionTable:
     from torch._inductor import config as inductor_config
     from torch._inductor.decomposition import select_decomp_table
 
     with inductor_config.patch(fallback_random=True):
         table = _DecompositionTable(select_decomp_table())
-    for name in kept_ops:
-        packet, overload = name.split(".")
-        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+    for op in _kept_ops(kept_ops):
+        table.pop(op, None)
     return table
 
 
@@ -212,7 +214,7 @@ def _compile_kwargs() -> dict:
     slower steps at N=5000, D=25); undecomposed they run as BLAS calls, as in eager mode.
     The table keeps Inductor's FX graph cache working (:class:`_DecompositionTable`).
     """
-    table = _decomposition_table(_KEPT_OPS, torch.__version__)
+    table = _decomposition_table(_KEPT_OPS)
     _register_fallbacks()
     return {
         "config_patches": {**inductor_base_options(), **_INDUCTOR_OPTIONS},
@@ -368,9 +370,6 @@ class SVI:
             device=leaves[0].device,
         )
         self._module_owners = self._find_module_owners(names, leaves, called)
-        self._called_modules = tuple(
-            {id(sub): sub for caller in called for sub in caller.modules()}.values()
-        )
         self._flat = torch.cat([leaf.detach().reshape(-1).to(dtype) for leaf in leaves])
         self._last_good = self._flat.clone()  # a distinct tensor: aliasing would recompile
         self._opt_state = self.optim.init(self._flat)
@@ -491,7 +490,6 @@ class SVI:
             options["backend"].keywords,
             fallback=dynamo_block,
             after_trace=lambda: self._swap_modules(None),
-            modules=self._called_modules,
             probe=self._probe,
             settings=self._optimizer_settings,
         )
@@ -522,7 +520,8 @@ class SVI:
     def _laid_out(self, args, kwargs) -> tuple[tuple, dict]:
         """The data arguments as the step reads them fastest (:mod:`.data_layout`): a data
         matrix used only in matrix-vector products is passed with its longer dimension
-        contiguous. Chosen from one eager evaluation of the loss at the first block."""
+        contiguous. Chosen from one eager evaluation of the loss, the first time; then once
+        per run (or step)."""
         if self._data_layout is None:
 
             def loss(*a, **k):
@@ -554,8 +553,8 @@ class SVI:
                 block.forget_arguments()
 
     def _run_block(self, num_steps: int, num_active: int, args, kwargs, in_place: bool = True):
-        """Run one block; returns ``(losses, oks)`` lists of the ``num_active`` first steps."""
-        args, kwargs = self._laid_out(args, kwargs)
+        """Run one block; returns ``(losses, oks)`` lists of the ``num_active`` first steps.
+        ``args`` and ``kwargs`` are laid out already (:meth:`_laid_out`)."""
         lrs = self.optim.learning_rates(num_active) + [0.0] * (num_steps - num_active)
         lrs, active = self._block_inputs(tuple(lrs), num_steps, num_active)
         block = self._block(num_steps, in_place)
@@ -640,7 +639,7 @@ class SVI:
         """
         self._ensure_init(args, kwargs)
         with self._rng():
-            losses, oks = self._run_block(1, 1, args, kwargs, in_place=False)
+            losses, oks = self._run_block(1, 1, *self._laid_out(args, kwargs), in_place=False)
         if not oks[0]:
             _, message = self._handle_nonfinite(losses, oks, self._num_steps, args, kwargs)
             self._sync_store()
@@ -695,6 +694,7 @@ class SVI:
         guards = contextlib.ExitStack()
         pressed = _never
         self._forget_arguments()
+        laid_args, laid_kwargs = self._laid_out(args, kwargs)
         try:
             with self._rng(), guards:
                 while done < num_steps:
@@ -710,7 +710,7 @@ class SVI:
                         guards.enter_context(skip_guards(self.compiled))
                     calls += 1
                     active = min(block, num_steps - done)
-                    losses, oks = self._run_block(block, active, args, kwargs)
+                    losses, oks = self._run_block(block, active, laid_args, laid_kwargs)
                     if not all(oks):
                         all_losses.extend(losses[: oks.index(False)])
                         failed, message = self._handle_nonfinite(

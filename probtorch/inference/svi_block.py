@@ -17,8 +17,8 @@ capture fails). A captured graph holds what the model read from outside its argu
 (globals, closures, attributes, module buffers) as constants, so at the start of each run
 (:meth:`InPlaceBlock.forget_arguments`) a *probe*, the loss alone, is captured again (about
 20 ms for the logistic regression) and its code and constants' values key the compiled
-graph, with the shapes, strides, dtypes and devices of the inputs, the non-tensor
-arguments and the ``training`` flags of the model's modules: a change anywhere captures and
+graph, with the shapes, strides, dtypes and devices of the inputs and the non-tensor
+arguments: a change anywhere (a global, a module switched to ``eval()``) captures and
 compiles the block again. A graph that writes into anything other than the state (a
 module's buffer, a data argument) is refused. Where the block cannot be captured or
 compiled this way, it warns once and runs the ``torch.compile`` block instead, whose errors
@@ -74,11 +74,10 @@ class InPlaceBlock:
             ``decompositions``).
         fallback: makes the ``torch.compile`` block used where capture fails.
         after_trace: called after each capture (SVI puts the modules' parameters back).
-        modules: modules the model calls; their ``training`` flags key the graph.
         probe: a cheaper function of the same arguments that runs the user's code the block
             runs (the loss alone); captured again at the start of each run
-            (:meth:`forget_arguments`), its code and constants key the graph. Default: the
-            block itself.
+            (:meth:`forget_arguments`), its code and constants key the graph (a module
+            switched to ``eval()`` changes them, for example). Default: the block itself.
         settings: a summary of settings the block reads that the probe does not (the
             optimizer's hyperparameters); part of the key.
 
@@ -102,7 +101,6 @@ class InPlaceBlock:
         compile_kwargs: dict,
         fallback: Callable[[], Callable],
         after_trace: Callable[[], None] = lambda: None,
-        modules: tuple = (),
         probe: Callable | None = None,
         settings: Callable[[], object] = lambda: None,
     ):
@@ -110,11 +108,9 @@ class InPlaceBlock:
         self.probe = block if probe is None else probe
         self.settings = settings
         self._probed: tuple | None = None  # this run's fingerprint of the probe
-        self._probe_graph: tuple | None = None  # (key, graph) when the probe is the block
         self.compile_kwargs = compile_kwargs
         self._make_fallback = fallback
         self._after_trace = after_trace
-        self.modules = tuple(modules)
         self._compiled: dict = {}
         self._fallback: Callable | None = None
         # The last call's state and argument objects, its graph and tensor inputs: a call
@@ -144,7 +140,7 @@ class InPlaceBlock:
         return (*compiled.state, report)
 
     def _same_call(self, repeat, state, active, lrs, args, kwargs) -> bool:
-        old_state, old_args, _, _, training = repeat
+        old_state, old_args, _, _ = repeat
         return (
             all(a is b for a, b in zip(state, old_state))
             and active is old_args[0]
@@ -153,7 +149,6 @@ class InPlaceBlock:
             and all(a is b for a, b in zip(args, old_args[2]))
             and len(kwargs) == len(old_args[3])
             and all(kwargs.get(k, _MISSING) is v for k, v in old_args[3].items())
-            and training == tuple(m.training for m in self.modules)
         )
 
     def _prepare(self, state, active, lrs, args, kwargs):
@@ -161,22 +156,20 @@ class InPlaceBlock:
         inputs, with the state copied into the graph's buffers."""
         state_leaves, state_spec = pytree.tree_flatten(state)
         arg_leaves, arg_spec = pytree.tree_flatten((active, lrs, args, kwargs))
-        training = tuple(m.training for m in self.modules)
-        key = (
-            state_spec,
-            arg_spec,
-            tuple(_meta(x) for x in state_leaves),
-            tuple(_meta(x) for x in arg_leaves),
-            training,
-        )
         compiled = None
         try:
             if self._probed is None:
-                self._probed = self._fingerprint(key, state, active, lrs, args, kwargs)
-            key = (*key, self._probed)
+                self._probed = self._fingerprint(state_leaves, state_spec, arg_leaves, arg_spec)
+            key = (
+                state_spec,
+                arg_spec,
+                tuple(_meta(x) for x in state_leaves),
+                tuple(_meta(x) for x in arg_leaves),
+                self._probed,
+            )
             compiled = self._compiled.get(key)
             if compiled is None:
-                compiled = self._compile(key, state_leaves, state_spec, arg_leaves, arg_spec)
+                compiled = self._compile(state_leaves, state_spec, arg_leaves, arg_spec)
         except Exception as error:  # noqa: BLE001 - anything capture or Inductor rejects
             first = str(error).splitlines()[0] if str(error) else ""
             warnings.warn(
@@ -200,28 +193,20 @@ class InPlaceBlock:
             (active, lrs, tuple(args), dict(kwargs)),
             compiled,
             inputs,
-            training,
         )
         return compiled, inputs
 
-    def _fingerprint(self, key, state, active, lrs, args, kwargs) -> tuple:
-        """Capture one step (the probe) and summarize what it computes: its code and the
-        values of the constants it holds. Equal summaries mean a graph compiled for one run
-        is right for the next."""
-        probe_key = key
-        if self.probe is not self.block:  # the probe is one step, the block several
-            active, lrs = active[:1], lrs[:1]
-        state_leaves, state_spec = pytree.tree_flatten(state)
-        arg_leaves, arg_spec = pytree.tree_flatten((active, lrs, args, kwargs))
+    def _fingerprint(self, state_leaves, state_spec, arg_leaves, arg_spec) -> tuple:
+        """Capture the probe and summarize what it computes: its code and the values of the
+        constants it holds. Equal summaries mean a graph compiled for one run is right for
+        the next."""
         gm, _ = self._trace(self.probe, state_leaves, state_spec, arg_leaves, arg_spec)
         constants = []
         for node in gm.graph.nodes:
             if node.op == "get_attr":
                 value = getattr(gm, node.target)
                 constants.append(_digest(value) if isinstance(value, torch.Tensor) else repr(value))
-        fingerprint = (gm.code, tuple(constants), self.settings())
-        self._probe_graph = (probe_key, fingerprint, gm) if self.probe is self.block else None
-        return fingerprint
+        return (gm.code, tuple(constants), self.settings())
 
     def _trace(self, fn, state_leaves, state_spec, arg_leaves, arg_spec):
         """``fn`` captured as an in-place graph on fake tensors; its tensor inputs are the
@@ -257,16 +242,10 @@ class InPlaceBlock:
         _replace_lift_fresh_copy(gm)
         return gm, tensor_positions
 
-    def _compile(self, key, state_leaves, state_spec, arg_leaves, arg_spec) -> _Compiled:
-        probe = self._probe_graph
-        if probe is not None and probe[0] == key[:-1] and probe[1] == key[-1]:
-            gm = probe[2]  # the probe is the block, captured for these inputs already
-            tensor_positions = [i for i, x in enumerate(arg_leaves) if isinstance(x, torch.Tensor)]
-        else:
-            gm, tensor_positions = self._trace(
-                self.block, state_leaves, state_spec, arg_leaves, arg_spec
-            )
-        self._probe_graph = None
+    def _compile(self, state_leaves, state_spec, arg_leaves, arg_spec) -> _Compiled:
+        gm, tensor_positions = self._trace(
+            self.block, state_leaves, state_spec, arg_leaves, arg_spec
+        )
         buffers = [x.detach().clone() for x in state_leaves]
         example = buffers + [arg_leaves[i] for i in tensor_positions]
         with torch_validation(False):
