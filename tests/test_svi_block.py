@@ -175,3 +175,19 @@ def test_ctrl_c_stops_a_run_between_whole_blocks(default_sigint):
     torch.testing.assert_close(result.losses, expected.losses, rtol=1e-10, atol=1e-10)
     for name in expected.params:
         torch.testing.assert_close(result.params[name], expected.params[name])
+
+
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_block_calls_generated_code_directly_with_eagers_results(monkeypatch, direct):
+    """The block's graph runs through Inductor's generated code without AOT autograd's
+    wrappers (probtorch/inference/generated_call.py) unless PROBTORCH_DIRECT_CALL=0; the
+    random draws inside the graph and the results are the same either way."""
+    monkeypatch.setenv("PROBTORCH_DIRECT_CALL", direct)
+    y = torch.linspace(-1.0, 3.0, 7)
+    compiled, eager = _pair(global_model, guide, steps_per_call=3)
+    _same(compiled, eager, y, 1.0, steps=9)
+    blocks = [b for b in compiled._blocks.values() if isinstance(b, InPlaceBlock)]
+    graphs = [graph for block in blocks for graph in block._compiled.values()]
+    assert graphs
+    for graph in graphs:
+        assert (graph.fn.__module__ == "probtorch.inference.generated_call") == (direct == "1")

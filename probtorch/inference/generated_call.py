@@ -1,0 +1,135 @@
+"""Call a graph compiled by ``torch._inductor.standalone_compile`` through Inductor's
+generated host function, without AOT autograd's runtime wrappers around it.
+
+The in-place NUTS chunk and the in-place SVI block are short calls made thousands of times
+with the same buffers. What ``standalone_compile`` returns runs each call through several
+Python layers before Inductor's generated ``call(args)``: the compiled artifact, Dynamo's
+disable wrapper, AOT autograd's runtime wrapper (grad mode, version counters of mutated
+inputs, output handling) and the prepending of the graph module's lifted constants. For
+these graphs (no input needs a gradient, mutations happen inside the generated code, the
+outputs are fresh tensors) none of that changes what is computed; on eight schools' NUTS
+chunk (4 chains, one core) it was 16 of 59 us per call.
+
+:func:`direct_call` binds the generated ``call`` to the constants AOT autograd prepends (the
+graph module's parameters, then its buffers) and accepts it only after one call on copies
+of the inputs, from the same random state, gives bit for bit the outputs and written inputs
+that the compiled artifact gives; otherwise (another layout of wrappers in a later torch,
+a non-CPU device, ``PROBTORCH_DIRECT_CALL=0``) callers keep the artifact.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["direct_call", "generated_module"]
+
+_FALSE = {"0", "false", "no", "off"}
+_SAME_SIZE_INT = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def generated_module(modules) -> object | None:
+    """The one Inductor-generated host module (it has a ``call``) among ``modules`` (those a
+    compile loaded), or None."""
+    found = [m for m in modules if callable(getattr(m, "call", None))]
+    return found[0] if len(found) == 1 else None
+
+
+def lifted_constants(gm: torch.nn.Module) -> list[torch.Tensor]:
+    """The tensors AOT autograd passes before a graph module's inputs: its parameters,
+    then its buffers, duplicates kept."""
+    return [
+        *dict(gm.named_parameters(remove_duplicate=False)).values(),
+        *dict(gm.named_buffers(remove_duplicate=False)).values(),
+    ]
+
+
+def _nothing() -> None:
+    pass
+
+
+def direct_call(
+    compiled: Callable,
+    gm: torch.nn.Module,
+    module,
+    inputs: Sequence,
+    written: Sequence[int],
+    before_call: Callable[[], None] = _nothing,
+) -> Callable[[list], object] | None:
+    """``compiled`` (a ``standalone_compile`` of ``gm``) as a function of its inputs list
+    that calls the generated ``module.call`` directly, or None where that cannot be shown to
+    compute the same.
+
+    The check calls both once on copies of ``inputs`` (``written``: the positions the graph
+    writes; the others are shared), each after ``before_call`` and from the same CPU random
+    state, which is restored afterwards; outputs and written inputs must agree bit for bit.
+
+    Example::
+
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> from torch._inductor.codecache import PyCodeCache
+        >>> def double_in_place(x):
+        ...     x.mul_(2)
+        ...     return (x.sum(),)
+        >>> x = torch.ones(3)
+        >>> gm = make_fx(double_in_place)(x.clone())
+        >>> loaded = len(PyCodeCache.modules)
+        >>> compiled = torch._inductor.standalone_compile(
+        ...     gm, [x], dynamic_shapes="from_example_inputs")
+        >>> call = direct_call(compiled, gm, generated_module(PyCodeCache.modules[loaded:]),
+        ...                    [x], written=[0])
+        >>> call([x])[0], x
+        (tensor(6.), tensor([2., 2., 2.]))
+    """
+    if module is None or os.environ.get("PROBTORCH_DIRECT_CALL", "1").strip().lower() in _FALSE:
+        return None
+    if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in inputs):
+        return None  # the check below forks the CPU random state only
+    call = module.call
+    constants = lifted_constants(gm)
+
+    def copies() -> list:
+        out = list(inputs)
+        for i in written:
+            out[i] = inputs[i].clone()
+        return out
+
+    expected_inputs, got_inputs = copies(), copies()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            rng = torch.get_rng_state()
+            before_call()
+            expected = compiled(*expected_inputs)
+            torch.set_rng_state(rng)
+            before_call()
+            got = call([*constants, *got_inputs])
+    except Exception:  # noqa: BLE001 - the wrappers pass other arguments: keep them
+        return None
+    same = _bitwise_equal(expected, got) and all(
+        _bitwise_equal(expected_inputs[i], got_inputs[i]) for i in written
+    )
+    if not same:
+        return None
+
+    def run(args: list):
+        return call([*constants, *args])
+
+    return run
+
+
+def _bitwise_equal(a, b) -> bool:
+    """Equal structure and tensors equal bit for bit (NaNs included)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.is_floating_point() and a.element_size() in _SAME_SIZE_INT:
+            integer = _SAME_SIZE_INT[a.element_size()]
+            a, b = a.view(integer), b.view(integer)
+        return torch.equal(a, b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_bitwise_equal(x, y) for x, y in zip(a, b))
+    return a == b

@@ -1,0 +1,82 @@
+"""Calling Inductor's generated code without AOT autograd's wrappers: used only where one
+checked call equals the compiled artifact's, with the same results afterwards."""
+
+import pytest
+import torch
+from test_inplace_loop import _args, _start, _walk
+from torch._inductor.codecache import PyCodeCache
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from probtorch.inference import generated_call
+from probtorch.inference.generated_call import direct_call, generated_module
+from probtorch.inference.mcmc.executor import ChunkedLoop, InPlaceLoop
+
+
+def _step_in_place(x, noise_scale):
+    """Writes ``x``; reads a constant made while tracing (lifted as a buffer) and draws
+    random numbers inside the graph."""
+    shift = torch.tensor([0.5, -1.0, 2.0])
+    x.copy_(torch.tanh(x + shift) + noise_scale * torch.randn(3))
+    return (x.sum(),)
+
+
+def _compiled(fn, inputs):
+    gm = make_fx(fn)(*[t.clone() for t in inputs])
+    loaded = len(PyCodeCache.modules)
+    compiled = torch._inductor.standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs")
+    return gm, compiled, generated_module(PyCodeCache.modules[loaded:])
+
+
+def test_direct_call_equals_the_compiled_artifact_and_keeps_the_random_state():
+    inputs = [torch.zeros(3), torch.tensor(0.1)]
+    gm, compiled, module = _compiled(_step_in_place, inputs)
+    assert generated_call.lifted_constants(gm)  # the traced constant is passed by the wrapper
+    torch.manual_seed(3)
+    call = direct_call(compiled, gm, module, inputs, written=[0])
+    assert call is not None
+    assert torch.equal(inputs[0], torch.zeros(3))  # the check ran on copies
+    # the check drew no numbers from the caller's random stream
+    torch.manual_seed(3)
+    expected_x = torch.zeros(3)
+    expected = [compiled(expected_x, inputs[1]) for _ in range(3)]
+    torch.manual_seed(3)
+    got = [call([inputs[0], inputs[1]]) for _ in range(3)]
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(expected, got))
+    assert torch.equal(inputs[0], expected_x)
+
+
+def test_direct_call_is_refused_when_it_would_compute_something_else(monkeypatch):
+    inputs = [torch.zeros(3), torch.tensor(0.1)]
+    gm, compiled, module = _compiled(_step_in_place, inputs)
+    # constants in another order than the wrapper's (here: a wrong value) fail the check
+    monkeypatch.setattr(generated_call, "lifted_constants", lambda gm: [torch.ones(3)])
+    assert direct_call(compiled, gm, module, inputs, written=[0]) is None
+    # the wrong number of arguments raises inside the generated code: refused too
+    monkeypatch.setattr(generated_call, "lifted_constants", lambda gm: [])
+    assert direct_call(compiled, gm, module, inputs, written=[0]) is None
+    monkeypatch.undo()
+    assert direct_call(compiled, gm, module, inputs, written=[0]) is not None
+    assert direct_call(compiled, gm, None, inputs, written=[0]) is None  # no module found
+    monkeypatch.setenv("PROBTORCH_DIRECT_CALL", "0")
+    assert direct_call(compiled, gm, module, inputs, written=[0]) is None
+
+
+@pytest.mark.parametrize("nan", [False, True])
+def test_bitwise_equal_counts_nans_as_equal(nan):
+    a = torch.tensor([1.0, float("nan") if nan else 2.0, -0.0])
+    assert generated_call._bitwise_equal((a, [a]), (a.clone(), [a.clone()]))
+    assert not generated_call._bitwise_equal(a, torch.tensor([1.0, 2.5, -0.0]))
+    assert not generated_call._bitwise_equal(a, a.double())
+
+
+def test_in_place_loop_uses_the_direct_call_with_the_same_results(monkeypatch):
+    runs = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("PROBTORCH_DIRECT_CALL", setting)
+        loop = InPlaceLoop(_walk)
+        runs[setting] = loop(_start(), *_args())
+        ((call, _, _),) = loop._compiled.values()
+        assert (call.__module__ == generated_call.__name__) == (setting == "1")
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
+    eager = ChunkedLoop(_walk, compiled=False)(_start(), *_args())
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], eager))
