@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from probtorch.inference.compile import count_compiles
+from probtorch.inference.generated_call import BufferPool
 from probtorch.inference.mcmc import executor
 from probtorch.inference.mcmc.executor import ChunkedLoop, InPlaceLoop
 
@@ -167,7 +168,7 @@ def test_buffer_pool_turns_itself_off_when_a_call_asks_for_other_buffers():
         return torch.empty_strided(size, stride, dtype=dtype)
 
     module = types.SimpleNamespace(empty_strided_cpu=allocate, call=lambda args: None)
-    pool = executor._BufferPool.attach([module])
+    pool = BufferPool.attach([module])
     requests = [[((2, 3), (3, 1)), ((4,), (1,))], [((2, 3), (3, 1)), ((5,), (1,))]]
     got = []
     for call in requests + requests[1:]:
@@ -176,6 +177,38 @@ def test_buffer_pool_turns_itself_off_when_a_call_asks_for_other_buffers():
     assert not pool.enabled  # the second call asked for a (5,) buffer where the first had (4,)
     assert got[1][0] is got[0][0]  # pooled until then
     assert got[2][0] is not got[0][0] and got[2][1].shape == (5,)  # fresh buffers after
+
+
+def test_view_pool_reuses_a_view_only_for_the_same_base_and_layout():
+    import types
+
+    made = []
+
+    def reinterpret(base, size, stride, offset):
+        made.append(base)
+        return base.as_strided(size, stride, offset)
+
+    module = types.SimpleNamespace(
+        empty_strided_cpu=lambda size, stride, dtype: torch.empty_strided(size, stride),
+        reinterpret_tensor=reinterpret,
+        call=lambda args: None,
+    )
+    pool = BufferPool.attach([module])
+    a, b = torch.arange(6.0), torch.arange(6.0)
+    views = []
+    for base in (a, a, b, b):
+        pool.start()
+        views.append(
+            [module.reinterpret_tensor(base, (2, 2), (2, 1), 1),
+             module.reinterpret_tensor(base, (3,), (2,), 0)]
+        )  # fmt: skip
+    assert views[1][0] is views[0][0] and views[1][1] is views[0][1]  # same base: reused
+    assert views[2][0] is not views[0][0] and views[2][0]._base is b  # new base: made anew
+    assert views[3][0] is views[2][0]
+    assert len(made) == 4
+    pool.start()
+    other = module.reinterpret_tensor(b, (3,), (1,), 3)  # another layout at position 0
+    assert other is not views[3][0] and torch.equal(other, torch.tensor([3.0, 4.0, 5.0]))
 
 
 @pytest.mark.slow

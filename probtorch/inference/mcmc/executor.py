@@ -19,7 +19,6 @@ A chunk is ``chunk_size`` unrolled iterations of the state machine.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import warnings
@@ -30,8 +29,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ...validation import torch_validation
-from ..compile import _FALSE, compile_fn, inductor_base_options, note_direct_compile, skip_guards
-from ..generated_call import direct_call, generated_module
+from ..compile import compile_fn, inductor_base_options, note_direct_compile, skip_guards
+from ..generated_call import BufferPool, direct_call, generated_module
 
 __all__ = ["ChunkedLoop", "InPlaceLoop", "TracedChunk", "trace_in_place"]
 
@@ -249,77 +248,6 @@ def _nothing() -> None:
     pass
 
 
-def _handout(next_buffer):
-    def empty_strided_cpu(size, stride, dtype):
-        return next_buffer()
-
-    return empty_strided_cpu
-
-
-class _BufferPool:
-    """Give each allocation site of an Inductor-generated ``call`` the same buffer on every
-    call, instead of a new one.
-
-    Inductor's host code for a CPU graph allocates (and frees) every intermediate buffer on
-    each call, 63 of them in eight schools' NUTS chunk: with the pool a call takes 21.5
-    instead of 44 us there (hier_reg 52 instead of 77 us), around a 4 us kernel. ``call``
-    is straight-line code, so the k-th allocation of a call always asks for the same size,
-    stride and dtype: the pool records the buffers of the first call, checks that the second
-    asks for the same ones (any difference turns it off for good: fresh buffers from then
-    on), and from the third on hands them out in order. Inductor's buffers are
-    uninitialized memory either way, and buffers it reuses within a call stay the same
-    objects. :meth:`start` must run before each call; calls must not overlap (one thread),
-    and a buffer the call returns is overwritten by the next call.
-    ``PROBTORCH_POOL_BUFFERS=0`` turns pooling off.
-    """
-
-    def __init__(self, module):
-        self._allocate = module.empty_strided_cpu
-        self._module = module
-        self._buffers: list[torch.Tensor] = []
-        self._position = 0
-        self._calls = 0
-        self.enabled = True
-        module.empty_strided_cpu = self
-
-    @classmethod
-    def attach(cls, modules) -> _BufferPool | None:
-        """A pool for the one generated module among ``modules`` (those loaded by a compile),
-        or None when that is not what was loaded."""
-        if os.environ.get("PROBTORCH_POOL_BUFFERS", "1").strip().lower() in _FALSE:
-            return None
-        module = generated_module(modules)
-        if not callable(getattr(module, "empty_strided_cpu", None)):
-            return None
-        return cls(module)
-
-    def start(self) -> None:
-        """Before each call: the first call records its buffers, the second checks that it
-        asks for the same ones, later calls get them without checks."""
-        self._position = 0
-        if self.enabled and self._calls >= 2:
-            self._module.empty_strided_cpu = _handout(iter(self._buffers).__next__)
-        else:
-            self._module.empty_strided_cpu = self
-        self._calls += 1
-
-    def __call__(self, size, stride, dtype):
-        k = self._position
-        self._position += 1
-        if not self.enabled:
-            return self._allocate(size, stride, dtype)
-        if k == len(self._buffers):
-            self._buffers.append(self._allocate(size, stride, dtype))
-        buffer = self._buffers[k]
-        same = (tuple(buffer.shape), buffer.stride(), buffer.dtype) == (
-            tuple(size),
-            tuple(stride),
-            dtype,
-        )
-        self.enabled = same
-        return buffer if same else self._allocate(size, stride, dtype)
-
-
 class InPlaceLoop:
     """Run ``iteration(state, *args)`` in chunks until ``state.done`` holds for every chain,
     as a graph that updates the state in place (see the module docstring).
@@ -380,7 +308,7 @@ class InPlaceLoop:
             except Exception as error:  # an op Inductor cannot take here
                 self._use_fallback(error)
 
-    def _compile(self, traced: TracedChunk) -> tuple[Callable, _BufferPool | None]:
+    def _compile(self, traced: TracedChunk) -> tuple[Callable, BufferPool | None]:
         """The compiled chunk, as a function of its inputs list, and the pool of its
         intermediate buffers (None: not pooled). The chunk calls Inductor's generated code
         directly where that computes what the compiled artifact computes (checked on one
@@ -405,7 +333,7 @@ class InPlaceLoop:
             )
         note_direct_compile()
         new_modules = PyCodeCache.modules[loaded:]
-        pool = _BufferPool.attach(new_modules)
+        pool = BufferPool.attach(new_modules)
         written = [*range(traced.num_state), len(traced.inputs) - 1]  # the state, the flag
         direct = direct_call(
             compiled,
