@@ -168,7 +168,7 @@ def test_buffer_pool_turns_itself_off_when_a_call_asks_for_other_buffers():
         return torch.empty_strided(size, stride, dtype=dtype)
 
     module = types.SimpleNamespace(empty_strided_cpu=allocate, call=lambda args: None)
-    pool = BufferPool.attach([module])
+    pool = BufferPool.attach(module)
     requests = [[((2, 3), (3, 1)), ((4,), (1,))], [((2, 3), (3, 1)), ((5,), (1,))]]
     got = []
     for call in requests + requests[1:]:
@@ -193,7 +193,7 @@ def test_view_pool_reuses_a_view_only_for_the_same_base_and_layout():
         reinterpret_tensor=reinterpret,
         call=lambda args: None,
     )
-    pool = BufferPool.attach([module])
+    pool = BufferPool.attach(module)
     a, b = torch.arange(6.0), torch.arange(6.0)
     views = []
     for base in (a, a, b, b):

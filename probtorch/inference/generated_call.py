@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["BufferPool", "ViewPool", "direct_call", "generated_module"]
+__all__ = ["BufferPool", "ViewPool", "compile_graph", "direct_call", "generated_module"]
 
 _FALSE = {"0", "false", "no", "off"}
 _SAME_SIZE_INT = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
@@ -48,6 +48,39 @@ def lifted_constants(gm: torch.nn.Module) -> list[torch.Tensor]:
 
 def _nothing() -> None:
     pass
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule,
+    example: list,
+    options: dict,
+    written: Sequence[int],
+    pool_buffers: bool = False,
+) -> tuple[Callable[[list], object], BufferPool | None]:
+    """``gm`` compiled by ``torch._inductor.standalone_compile`` for ``example`` (its
+    ``options`` passed on), as a function of its inputs list that calls the generated code
+    directly where :func:`direct_call` accepts it, and the pool of its intermediate buffers
+    (``pool_buffers``; None otherwise or where the generated module has none: then
+    :meth:`BufferPool.start` need not run). ``written``: the input positions the graph
+    writes."""
+    from torch._inductor.codecache import PyCodeCache
+
+    from .compile import note_direct_compile
+
+    loaded = len(PyCodeCache.modules)
+    compiled = torch._inductor.standalone_compile(
+        gm, example, dynamic_shapes="from_example_inputs", options=options
+    )
+    note_direct_compile()
+    module = generated_module(PyCodeCache.modules[loaded:])
+    pool = BufferPool.attach(module) if pool_buffers else None
+    before_call = pool.start if pool is not None else _nothing
+    direct = direct_call(compiled, gm, module, example, written, before_call=before_call)
+
+    def through_artifact(inputs: list):
+        return compiled(*inputs)
+
+    return direct or through_artifact, pool
 
 
 def direct_call(
@@ -210,12 +243,11 @@ class BufferPool:
         self._views = ViewPool(module) if has_views else None
 
     @classmethod
-    def attach(cls, modules) -> BufferPool | None:
-        """A pool for the one generated module among ``modules`` (those loaded by a compile),
-        or None when that is not what was loaded."""
+    def attach(cls, module) -> BufferPool | None:
+        """A pool for a generated module (None: no module, or one that does not allocate
+        through ``empty_strided_cpu``)."""
         if os.environ.get("PROBTORCH_POOL_BUFFERS", "1").strip().lower() in _FALSE:
             return None
-        module = generated_module(modules)
         if not callable(getattr(module, "empty_strided_cpu", None)):
             return None
         return cls(module)

@@ -37,8 +37,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..validation import torch_validation
-from .compile import note_direct_compile
-from .generated_call import direct_call, generated_module
+from .generated_call import compile_graph
 from .mcmc.executor import _replace_lift_fresh_copy
 
 __all__ = ["InPlaceBlock"]
@@ -249,28 +248,13 @@ class InPlaceBlock:
         gm, tensor_positions = self._trace(
             self.block, state_leaves, state_spec, arg_leaves, arg_spec
         )
-        from torch._inductor.codecache import PyCodeCache
-
         buffers = [x.detach().clone() for x in state_leaves]
         example = buffers + [arg_leaves[i] for i in tensor_positions]
-        loaded = len(PyCodeCache.modules)
         with torch_validation(False):
-            compiled = torch._inductor.standalone_compile(
-                gm, example, dynamic_shapes="from_example_inputs", options=self.compile_kwargs
-            )
-            note_direct_compile()
-            # Inductor's generated code called directly where one checked call shows that
-            # this computes what the artifact computes (no AOT autograd wrappers per call;
-            # pooling its buffers as NUTS does made no measurable difference here)
-            fn = direct_call(
-                compiled,
-                gm,
-                generated_module(PyCodeCache.modules[loaded:]),
-                example,
-                written=range(len(buffers)),
-            )
-        if fn is None:
-            fn = lambda inputs: compiled(*inputs)  # noqa: E731
+            # called through Inductor's generated code where one checked call shows that
+            # this computes what the compiled artifact computes (no AOT autograd wrappers
+            # per call); pooling its buffers as NUTS does made no measurable difference
+            fn, _ = compile_graph(gm, example, self.compile_kwargs, written=range(len(buffers)))
         return _Compiled(fn, buffers, tensor_positions, state_spec)
 
 

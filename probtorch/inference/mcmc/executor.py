@@ -29,8 +29,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ...validation import torch_validation
-from ..compile import compile_fn, inductor_base_options, note_direct_compile, skip_guards
-from ..generated_call import BufferPool, direct_call, generated_module
+from ..compile import compile_fn, inductor_base_options, skip_guards
+from ..generated_call import BufferPool, compile_graph
 
 __all__ = ["ChunkedLoop", "InPlaceLoop", "TracedChunk", "trace_in_place"]
 
@@ -313,9 +313,6 @@ class InPlaceLoop:
         intermediate buffers (None: not pooled). The chunk calls Inductor's generated code
         directly where that computes what the compiled artifact computes (checked on one
         call, :func:`~..generated_call.direct_call`): 59 -> 43 us per call on eight schools."""
-        from torch._inductor.codecache import PyCodeCache
-
-        loaded = len(PyCodeCache.modules)
         options = {
             **inductor_base_options(),
             "cpp.threads": 1,
@@ -324,26 +321,15 @@ class InPlaceLoop:
             "scalar_asserts": False,
             **self.options,
         }
+        written = [*range(traced.num_state), len(traced.inputs) - 1]  # the state, the flag
         with torch_validation(False):
-            compiled = torch._inductor.standalone_compile(
+            return compile_graph(
                 traced.graph,
                 traced.inputs,
-                dynamic_shapes="from_example_inputs",
-                options={"config_patches": options},
+                {"config_patches": options},
+                written,
+                pool_buffers=True,
             )
-        note_direct_compile()
-        new_modules = PyCodeCache.modules[loaded:]
-        pool = BufferPool.attach(new_modules)
-        written = [*range(traced.num_state), len(traced.inputs) - 1]  # the state, the flag
-        direct = direct_call(
-            compiled,
-            traced.graph,
-            generated_module(new_modules),
-            traced.inputs,
-            written,
-            before_call=pool.start if pool is not None else _nothing,
-        )
-        return (direct or (lambda inputs: compiled(*inputs))), pool
 
     def _use_fallback(self, error: BaseException) -> None:
         first = str(error).splitlines()[0] if str(error) else ""
