@@ -263,7 +263,7 @@ def nuts_step(
     # Level i starts at checkpoint i; its second half starts at checkpoint i + 1, or at
     # this leaf for the smallest one.
     def shifted(buf, current):
-        nxt = torch.cat([buf[:, 1:], torch.zeros_like(buf[:, :1])], dim=1)
+        nxt = torch.nn.functional.pad(buf[:, 1:], (0, 0, 0, 1))
         return torch.where(at_max.unsqueeze(-1), current.unsqueeze(1), nxt)
 
     r_half = shifted(ckpt_r, r)
