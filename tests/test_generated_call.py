@@ -80,3 +80,83 @@ def test_in_place_loop_uses_the_direct_call_with_the_same_results(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
     eager = ChunkedLoop(_walk, compiled=False)(_start(), *_args())
     assert all(torch.equal(a, b) for a, b in zip(runs["1"], eager))
+
+
+def _step_with_solve(x, scale_tril, noise_scale):
+    """Writes ``x``; a library call (the triangular solve) between two kernels, whose result
+    the second kernel reads through a view; a lifted constant; random numbers in the graph."""
+    shift = torch.tensor([0.5, -1.0, 2.0])
+    y = torch.linalg.solve_triangular(scale_tril, (x + shift).unsqueeze(-1), upper=False)
+    x.copy_(torch.tanh(y.squeeze(-1)) + noise_scale * torch.randn(3))
+    return (x.sum(), y)
+
+
+def _solve_inputs():
+    scale_tril = torch.tensor([[2.0, 0.0, 0.0], [0.3, 1.0, 0.0], [-0.2, 0.4, 1.5]])
+    return [torch.zeros(3), scale_tril, torch.tensor(0.1)]
+
+
+def _compiled_with_tape(inputs):
+    gm = make_fx(_step_with_solve)(*[t.clone() for t in inputs])
+    call, pool = generated_call.compile_graph(
+        gm, inputs, {}, written=[0], pool_buffers=True, replay=True
+    )
+    return call, pool
+
+
+def test_replayed_call_makes_the_generated_codes_kernel_and_library_calls_bit_for_bit():
+    inputs = _solve_inputs()
+    call, pool = _compiled_with_tape(inputs)
+    tape = call.bind.__self__
+    assert tape.num_kernels >= 2 and tape.num_library_calls >= 1  # the solve among them
+    # a kernel after the solve reads what it returned (directly or through a view)
+    late = [p[0] for step in tape._steps if step[0] == "k" for p in step[2]]
+    assert "o" in late or "v" in late
+    assert torch.equal(inputs[0], torch.zeros(3))  # the checks ran on copies
+    for start in (torch.zeros(3), torch.tensor([0.3, -2.0, 1.0])):  # two inputs lists
+        direct_x, replay_x = start.clone(), start.clone()
+        torch.manual_seed(5)
+        expected = []
+        for _ in range(3):
+            pool.start()
+            expected.append([t.clone() for t in call([direct_x, *inputs[1:]])])
+        torch.manual_seed(5)
+        step = call.bind([replay_x, *inputs[1:]])
+        got = [[t.clone() for t in step()] for _ in range(3)]
+        assert generated_call._bitwise_equal(expected, got)
+        assert torch.equal(direct_x, replay_x)
+
+
+def test_replay_is_refused_when_it_cannot_be_shown_to_compute_the_same(monkeypatch):
+    inputs = _solve_inputs()
+    call, pool = _compiled_with_tape(inputs)
+    gm = make_fx(_step_with_solve)(*[t.clone() for t in inputs])
+    generated = pool._module
+
+    def another(args):  # a reference that computes something else
+        args[0].add_(1.0)
+        return call(args)
+
+    def replay(reference):
+        return generated_call.replay_call(
+            reference, generated, generated_call.lifted_constants(gm), inputs, [0], pool.start
+        )
+
+    assert replay(call) is not None
+    assert replay(another) is None
+    assert generated_call.replay_call(call, None, [], inputs, [0]) is None
+    monkeypatch.setenv("PROBTORCH_REPLAY_CALL", "0")
+    assert replay(call) is None
+
+
+def test_in_place_loop_replays_the_call_with_the_same_results(monkeypatch):
+    runs = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("PROBTORCH_REPLAY_CALL", setting)
+        loop = InPlaceLoop(_walk)
+        runs[setting] = loop(_start(), *_args())
+        ((call, _, _),) = loop._compiled.values()
+        assert hasattr(call, "bind") == (setting == "1")
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
+    eager = ChunkedLoop(_walk, compiled=False)(_start(), *_args())
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], eager))

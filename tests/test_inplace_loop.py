@@ -148,7 +148,9 @@ def test_nuts_quick_path_uses_each_runs_data(float64):
 def test_buffer_pool_hands_out_the_first_calls_buffers(monkeypatch):
     """The chunk's intermediate buffers are reused from the third call on; results equal
     those of fresh buffers (PROBTORCH_POOL_BUFFERS=0). The pool also serves the two calls
-    that check the direct call of the generated code."""
+    that check the direct call of the generated code. (Replayed calls, on by default, take
+    no buffers from the pool: see the next test.)"""
+    monkeypatch.setenv("PROBTORCH_REPLAY_CALL", "0")
     runs = {}
     for setting in ("1", "0"):
         monkeypatch.setenv("PROBTORCH_POOL_BUFFERS", setting)
@@ -159,6 +161,17 @@ def test_buffer_pool_hands_out_the_first_calls_buffers(monkeypatch):
         assert pool is None or (pool.enabled and pool._calls == 42)
     assert pool is None and loop.calls == 40
     assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
+
+
+def test_a_replayed_call_uses_the_buffers_its_checks_took_from_the_pool():
+    """The four checking calls (direct call, then the recorded call and the reference)
+    start the pool; the 40 replayed calls reuse the recorded call's buffers without it."""
+    loop = InPlaceLoop(_walk)
+    result = loop(_start(), *_args())
+    ((call, pool, _),) = loop._compiled.values()
+    assert hasattr(call, "bind") and pool.enabled and pool._calls == 4 and loop.calls == 40
+    eager = ChunkedLoop(_walk, compiled=False)(_start(), *_args())
+    assert all(torch.equal(a, b) for a, b in zip(result, eager))
 
 
 def test_buffer_pool_turns_itself_off_when_a_call_asks_for_other_buffers():

@@ -19,12 +19,24 @@ a non-CPU device, ``PROBTORCH_DIRECT_CALL=0``) callers keep the artifact.
 
 from __future__ import annotations
 
+import functools
 import os
+import types
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["BufferPool", "ViewPool", "compile_graph", "direct_call", "generated_module"]
+__all__ = [
+    "BufferPool",
+    "CallTape",
+    "ViewPool",
+    "compile_graph",
+    "direct_call",
+    "generated_module",
+    "replay_call",
+]
 
 _FALSE = {"0", "false", "no", "off"}
 _SAME_SIZE_INT = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
@@ -56,13 +68,17 @@ def compile_graph(
     options: dict,
     written: Sequence[int],
     pool_buffers: bool = False,
+    replay: bool = False,
 ) -> tuple[Callable[[list], object], BufferPool | None]:
     """``gm`` compiled by ``torch._inductor.standalone_compile`` for ``example`` (its
     ``options`` passed on), as a function of its inputs list that calls the generated code
     directly where :func:`direct_call` accepts it, and the pool of its intermediate buffers
     (``pool_buffers``; None otherwise or where the generated module has none: then
     :meth:`BufferPool.start` need not run). ``written``: the input positions the graph
-    writes."""
+    writes. With ``replay`` (and ``pool_buffers``) the function has a ``bind(inputs)``
+    method where :func:`replay_call` accepts a :class:`CallTape` of the call: it returns a
+    function of no arguments for repeated calls on the same inputs list, which need no
+    :meth:`BufferPool.start`."""
     from torch._inductor.codecache import PyCodeCache
 
     from .compile import note_direct_compile
@@ -76,6 +92,11 @@ def compile_graph(
     pool = BufferPool.attach(module) if pool_buffers else None
     before_call = pool.start if pool is not None else _nothing
     direct = direct_call(compiled, gm, module, example, written, before_call=before_call)
+    if direct is not None and replay and pool is not None:
+        constants = lifted_constants(gm)
+        tape = replay_call(direct, module, constants, example, written, before_call)
+        if tape is not None:
+            direct.bind = tape.bind
 
     def through_artifact(inputs: list):
         return compiled(*inputs)
@@ -279,3 +300,301 @@ class BufferPool:
         )
         self.enabled = same
         return buffer if same else self._allocate(size, stride, dtype)
+
+
+# --- replaying a recorded call -----------------------------------------------------------
+#
+# Provenance of a value in a recorded call: ("s", value) a value that stays the same from
+# call to call (a pooled buffer, a lifted constant, a view of either, a Python scalar);
+# ("i", k) the k-th argument of ``call``; ("o", j, k) the k-th tensor returned by the j-th
+# library call; ("v", base, size, stride, offset) a view of another value.
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Passes every aten call the generated code makes to ``on_op`` (it makes the call)."""
+
+    def __init__(self, on_op):
+        super().__init__()
+        self._on_op = on_op
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self._on_op(func, args, kwargs or {})
+
+
+def _is_kernel(name: str, value) -> bool:
+    """A compiled kernel among a generated module's globals (torch's own helpers, such as
+    ``empty_strided_cpu`` or ``reinterpret_tensor``, are builtins of ``torch`` modules)."""
+    module = getattr(value, "__module__", None) or ""
+    return (
+        isinstance(value, types.BuiltinFunctionType)
+        and not name.startswith("_")
+        and not module.startswith("torch")
+    )
+
+
+class CallTape:
+    """One call of an Inductor-generated ``call``, recorded as the compiled kernels and
+    library (aten) calls it made and the arguments each got, to be made again without the
+    generated Python code around them.
+
+    The generated code is straight-line: it takes its buffers from a :class:`BufferPool`,
+    makes views, calls kernels with the buffers' and inputs' addresses, calls library
+    functions (a triangular solve, say) and frees what it no longer needs. With the
+    buffers pooled, all of that is the same on every call except the inputs and what the
+    library calls return. :meth:`bind` resolves everything that depends only on the inputs
+    once (kernel arguments become ``functools.partial`` objects), so a call is the kernels
+    and the library calls alone. NUTS chunk per call, one core, both ways alternating in
+    one process (medians): eight schools 17.0 -> 8.1 us, hier_reg 92 -> 76 us, the
+    100-dimensional Gaussian 121 -> 87 us. :func:`replay_call` accepts a tape only after
+    its replay gave bit for bit what the generated code gives.
+
+    Example (:func:`compile_graph` records and checks the tape)::
+
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> def step(x):
+        ...     x.copy_(torch.tanh(x) + 1.0)
+        ...     return (x.sum(),)
+        >>> x = torch.zeros(3)
+        >>> call, pool = compile_graph(make_fx(step)(x.clone()), [x], {}, written=[0],
+        ...                            pool_buffers=True, replay=True)
+        >>> run = call.bind([x])  # for as many calls on this inputs list as wanted
+        >>> run(); run()
+        (tensor(3.),)
+        (tensor(5.2848),)
+        >>> x
+        tensor([1.7616, 1.7616, 1.7616])
+    """
+
+    def __init__(self, steps, outputs, out_spec, constants, make_view):
+        self._steps = steps  # ("k", kernel, provenances) or ("op", func, provenances, spec)
+        self._outputs = outputs
+        self._out_spec = out_spec
+        self._constants = constants
+        self._make_view = make_view
+        self.num_kernels = sum(step[0] == "k" for step in steps)
+        self.num_library_calls = len(steps) - self.num_kernels
+
+    @classmethod
+    def record(cls, module, constants: list, inputs: list) -> tuple[CallTape, object]:
+        """Call ``module.call([*constants, *inputs])`` once, recording it; returns the tape
+        and what the call returned."""
+        args = [*constants, *inputs]
+        known: dict[int, tuple] = {}
+        alive: list = []  # keeps every recorded object alive, so that ids stay unique
+        steps: list = []
+        num_ops = [0]
+
+        def provenance(x):
+            if not isinstance(x, torch.Tensor):
+                return ("s", x)
+            entry = known.get(id(x))
+            if entry is not None and entry[1] is x:
+                return entry[0]
+            alive.append(x)
+            known[id(x)] = (("s", x), x)
+            return ("s", x)
+
+        for k, x in enumerate(args):
+            if isinstance(x, torch.Tensor):
+                alive.append(x)
+                known[id(x)] = (("i", k), x)
+
+        def kernel_recorder(kernel):
+            def record_kernel(*kernel_args):
+                steps.append(("k", kernel, [provenance(a) for a in kernel_args]))
+                return kernel(*kernel_args)
+
+            return record_kernel
+
+        def on_op(func, op_args, op_kwargs):
+            flat, spec = pytree.tree_flatten((op_args, op_kwargs))
+            steps.append(("op", func, [provenance(a) for a in flat], spec))
+            out = func(*op_args, **op_kwargs)
+            j = num_ops[0]
+            num_ops[0] += 1
+            for k, t in enumerate(pytree.tree_leaves(out)):
+                if isinstance(t, torch.Tensor) and not (id(t) in known and known[id(t)][1] is t):
+                    alive.append(t)
+                    known[id(t)] = (("o", j, k), t)
+            return out
+
+        old_views = module.reinterpret_tensor
+        make_view = getattr(old_views, "_make", old_views)
+
+        def record_view(base, size, stride, offset):
+            view = make_view(base, size, stride, offset)
+            origin = provenance(base)
+            if origin[0] != "s":
+                alive.append(view)
+                known[id(view)] = (("v", origin, tuple(size), tuple(stride), offset), view)
+            return view
+
+        kernels = {n: v for n, v in vars(module).items() if _is_kernel(n, v)}
+        try:
+            for name, kernel in kernels.items():
+                setattr(module, name, kernel_recorder(kernel))
+            module.reinterpret_tensor = record_view
+            with _OpRecorder(on_op):
+                out = module.call(list(args))
+        finally:
+            for name, kernel in kernels.items():
+                setattr(module, name, kernel)
+            module.reinterpret_tensor = old_views
+        leaves, out_spec = pytree.tree_flatten(out)
+        tape = cls(steps, [provenance(x) for x in leaves], out_spec, list(constants), make_view)
+        return tape, out
+
+    def bind(self, inputs: list) -> Callable[[], object]:
+        """A function of no arguments that makes the recorded call for ``inputs`` (the same
+        list, or one with the same tensors' layouts, each call)."""
+        args = [*self._constants, *inputs]
+        make_view = self._make_view
+
+        def settle(p):  # what depends on the inputs only, resolved now
+            kind = p[0]
+            if kind == "i":
+                return ("s", args[p[1]])
+            if kind == "v":
+                base = settle(p[1])
+                if base[0] == "s":
+                    return ("s", make_view(base[1], p[2], p[3], p[4]))
+                return ("v", base, *p[2:])
+            return p
+
+        def value(p, slots):
+            kind = p[0]
+            if kind == "s":
+                return p[1]
+            if kind == "o":
+                return slots[p[1]][p[2]]
+            return make_view(value(p[1], slots), p[2], p[3], p[4])
+
+        calls = []
+        for step in self._steps:
+            settled = [settle(p) for p in step[2]]
+            if step[0] == "k":
+                calls.append(_kernel_call(step[1], settled, value))
+            else:
+                calls.append(_library_call(step[1], settled, step[3], value))
+        outputs = [settle(p) for p in self._outputs]
+        out_spec = self._out_spec
+        if all(p[0] == "s" for p in outputs):
+            result = pytree.tree_unflatten([p[1] for p in outputs], out_spec)
+
+            def run():
+                slots: list = []
+                for call in calls:
+                    call(slots)
+                return result
+
+        else:
+
+            def run():
+                slots: list = []
+                for call in calls:
+                    call(slots)
+                return pytree.tree_unflatten([value(p, slots) for p in outputs], out_spec)
+
+        return run
+
+
+class _Later:
+    """A library call's argument known only when the call is made."""
+
+    def __init__(self, provenance):
+        self.provenance = provenance
+
+
+def _kernel_call(kernel, settled: list, value) -> Callable[[list], None]:
+    """One kernel call of a bound tape: its arguments are fixed but for those that are (views
+    of) what an earlier library call returned, put in place each call."""
+    arguments = [p[1] if p[0] == "s" else None for p in settled]
+    later = [(i, p) for i, p in enumerate(settled) if p[0] != "s"]
+    if not later:
+        return functools.partial(_call_fixed, functools.partial(kernel, *arguments))
+
+    def call(slots):
+        for i, p in later:
+            arguments[i] = value(p, slots)
+        kernel(*arguments)
+
+    return call
+
+
+def _call_fixed(bound, slots):
+    bound()
+
+
+def _library_call(func, settled: list, spec, value) -> Callable[[list], None]:
+    """One library call of a bound tape; what it returns goes to the next slot."""
+    marks = [p[1] if p[0] == "s" else _Later(p) for p in settled]
+    args, kwargs = pytree.tree_unflatten(marks, spec)
+    args = list(args)
+    later_args = [(i, a.provenance) for i, a in enumerate(args) if isinstance(a, _Later)]
+    later_kwargs = [(k, a.provenance) for k, a in kwargs.items() if isinstance(a, _Later)]
+    if len(later_args) + len(later_kwargs) == sum(isinstance(m, _Later) for m in marks):
+
+        def call(slots):
+            for i, p in later_args:
+                args[i] = value(p, slots)
+            for k, p in later_kwargs:
+                kwargs[k] = value(p, slots)
+            out = func(*args, **kwargs)
+            slots.append((out,) if isinstance(out, torch.Tensor) else pytree.tree_leaves(out))
+
+        return call
+
+    def call_nested(slots):  # a later value inside a list argument
+        values = [value(p, slots) for p in settled]
+        nested_args, nested_kwargs = pytree.tree_unflatten(values, spec)
+        slots.append(pytree.tree_leaves(func(*nested_args, **nested_kwargs)))
+
+    return call_nested
+
+
+def replay_call(
+    reference: Callable[[list], object],
+    module,
+    constants: list,
+    inputs: Sequence,
+    written: Sequence[int],
+    before_call: Callable[[], None] = _nothing,
+) -> CallTape | None:
+    """A :class:`CallTape` of ``module.call`` that gives bit for bit what ``reference``
+    (the direct call) gives, or None.
+
+    Three calls on copies of ``inputs`` (``written``: the positions the graph writes), each
+    after ``before_call`` and from the same CPU random state (restored afterwards): the
+    reference, the recorded call and the tape's replay; their outputs and written inputs
+    must agree. ``PROBTORCH_REPLAY_CALL=0``: None.
+    """
+    if module is None or os.environ.get("PROBTORCH_REPLAY_CALL", "1").strip().lower() in _FALSE:
+        return None
+    if not callable(getattr(module, "reinterpret_tensor", None)):
+        return None
+
+    def copies() -> list:
+        out = list(inputs)
+        for i in written:
+            out[i] = inputs[i].clone()
+        return out
+
+    expected_inputs, recorded_inputs, replayed_inputs = copies(), copies(), copies()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            rng = torch.get_rng_state()
+            before_call()
+            expected = reference(expected_inputs)
+            torch.set_rng_state(rng)
+            before_call()
+            tape, recorded = CallTape.record(module, constants, recorded_inputs)
+            torch.set_rng_state(rng)
+            replayed = tape.bind(replayed_inputs)()
+    except Exception:  # noqa: BLE001 - a call this recorder does not understand
+        return None
+    same = all(
+        _bitwise_equal(expected, out)
+        and all(_bitwise_equal(expected_inputs[i], got[i]) for i in written)
+        for out, got in ((recorded, recorded_inputs), (replayed, replayed_inputs))
+    )
+    return tape if same else None

@@ -19,6 +19,7 @@ A chunk is ``chunk_size`` unrolled iterations of the state machine.
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
 import warnings
@@ -329,6 +330,7 @@ class InPlaceLoop:
                 {"config_patches": options},
                 written,
                 pool_buffers=True,
+                replay=True,
             )
 
     def _use_fallback(self, error: BaseException) -> None:
@@ -366,10 +368,15 @@ class InPlaceLoop:
         inputs = leaves + arg_leaves + [flag]
         self.interrupted = False
         start = pool.start if pool is not None else _nothing
+        bind = getattr(compiled, "bind", None)
+        if bind is not None:  # a recorded call, replayed (generated_call.CallTape)
+            step, start = bind(inputs), _nothing
+        else:
+            step = functools.partial(compiled, inputs)
         with torch_validation(False), torch.no_grad(), deferred_interrupts() as interrupted:
             while True:
                 start()
-                compiled(inputs)
+                step()
                 self.calls += 1
                 if bool(flag):
                     break
