@@ -20,7 +20,9 @@ from reference_nuts import reference_transition
 
 from probtorch.inference import NUTS
 from probtorch.inference.compile import count_compiles
+from probtorch.inference.mcmc import kernels as nuts_kernels
 from probtorch.inference.mcmc.adaptation import dual_averaging_update
+from probtorch.inference.mcmc.integrator import kinetic_energy
 from probtorch.inference.mcmc.nuts import (
     draw_randomness,
     init_transition,
@@ -102,6 +104,8 @@ def test_state_machine_matches_reference(case):
                     tree, rand, potential.value_and_grad, step, inverse_mass, max_depth
                 )
         result = transition_result(tree, inverse_mass)
+        # the energy kept along the tree is the proposal's Hamiltonian, bit for bit
+        assert torch.equal(result.energy, tree.pe_prop + kinetic_energy(inverse_mass, tree.r_prop))
         with torch_validation(False):
             for c in range(NUM_CHAINS):
                 proposal, stats = reference_transition(
@@ -286,3 +290,28 @@ def test_compiled_block_executor_matches_eager_without_recompiles():
         torch.testing.assert_close(c.stats["step_size"], e.stats["step_size"], rtol=1e-10, atol=0)
     torch.testing.assert_close(cb.adapt.welford.m2, eb.adapt.welford.m2, rtol=1e-10, atol=0)
     assert math.isfinite(float(cb.draws.abs().max()))
+
+
+def test_block_momenta_drawn_per_block_give_the_per_iteration_draws(monkeypatch):
+    """``run_segment`` computes each transition's momentum, velocity and kinetic energy once
+    per block (``with_momenta``: a batched product with a dense metric); the block graph
+    can also compute them itself at every iteration. Same draws and statistics."""
+    kernel, state = _setup_kernel("eight_schools", compile=False, block_size=8)
+    D = kernel.potential.dim
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(NUM_CHAINS, D, D, generator=g, dtype=torch.float64) / D**0.5
+    inverse_mass = a @ a.transpose(1, 2) + 0.5 * torch.eye(D, dtype=torch.float64)
+    inverse_mass = 0.5 * (inverse_mass + inverse_mass.transpose(1, 2))  # exactly symmetric
+    mass_sqrt = torch.linalg.cholesky(torch.linalg.inv(inverse_mass))
+    state = state._replace(inverse_mass=inverse_mass, mass_sqrt=mass_sqrt)
+    results = {}
+    for per_block in (True, False):
+        if not per_block:
+            monkeypatch.setattr(nuts_kernels, "with_momenta", lambda rand, *metric: rand)
+        torch.manual_seed(5)
+        results[per_block] = kernel.run_segment(state, init_adapt_state(state, dense=True), 12)
+    a, b = results[True], results[False]
+    torch.testing.assert_close(a.draws, b.draws, rtol=0, atol=ATOL)
+    for name in ("energy", "potential_energy", "accept_prob"):
+        torch.testing.assert_close(a.stats[name], b.stats[name], rtol=0, atol=ATOL)
+    assert torch.equal(a.stats["num_steps"], b.stats["num_steps"])

@@ -35,7 +35,7 @@ from .nuts import (
     nuts_iteration,
     transition_result,
 )
-from .nuts_block import block_iteration, draw_block_randomness, init_block
+from .nuts_block import block_iteration, draw_block_randomness, init_block, with_momenta
 from .warmup import AdaptState
 
 __all__ = ["SamplerState", "SegmentResult", "NUTS", "HMC", "find_reasonable_step_size"]
@@ -432,6 +432,7 @@ class NUTS(_HamiltonianKernel):
             while bool((remaining > 0).any()):
                 t_limit = remaining.clamp(max=T)
                 rand = draw_block_randomness(C, T, D, L, self.leaf_budget, dtype, device)
+                rand = with_momenta(rand, state.mass_sqrt, state.inverse_mass)
                 block = init_block(
                     state.z, state.potential_energy, state.grad, state.step_size,
                     adapt.dual_averaging, t_limit, T, L,

@@ -30,6 +30,7 @@ __all__ = [
     "NUTSState",
     "draw_randomness",
     "init_transition",
+    "start_transition",
     "nuts_iteration",
     "nuts_step",
     "transition_result",
@@ -94,6 +95,10 @@ class NUTSState(NamedTuple):
     num_steps: torch.Tensor
     sum_accept: torch.Tensor
     diverging: torch.Tensor
+    # Hamiltonian at the subtree's sample and at the proposal, kept so that the draw's
+    # energy needs no product with the metric when the transition ends
+    energy_sub: torch.Tensor
+    energy_prop: torch.Tensor
 
 
 def draw_randomness(
@@ -118,10 +123,25 @@ def init_transition(
     max_depth: int,
 ) -> NUTSState:
     """Start a transition at ``z``: fresh momentum, a one-point tree."""
-    C, D = z.shape
     r = sample_momentum(mass_sqrt, momentum_noise)
     v = velocity(inverse_mass, r)
-    energy0 = potential_energy + kinetic_energy(inverse_mass, r, v)
+    kinetic = kinetic_energy(inverse_mass, r, v)
+    return start_transition(z, potential_energy, grad, r, v, kinetic, max_depth)
+
+
+def start_transition(
+    z: torch.Tensor,
+    potential_energy: torch.Tensor,
+    grad: torch.Tensor,
+    r: torch.Tensor,
+    v: torch.Tensor,
+    kinetic: torch.Tensor,
+    max_depth: int,
+) -> NUTSState:
+    """:func:`init_transition` from a momentum ``r`` already drawn, its velocity
+    ``v = M^{-1} r`` and its kinetic energy ``r . v / 2``."""
+    C, D = z.shape
+    energy0 = potential_energy + kinetic
     zeros_cd = torch.zeros_like(z)
     zeros_c = torch.zeros_like(potential_energy)
     long_zeros = torch.zeros(C, dtype=torch.int64, device=z.device)
@@ -138,6 +158,7 @@ def init_transition(
         ckpt.clone(), ckpt.clone(), ckpt.clone(), v.clone(), ckpt.clone(), ckpt.clone(),
         v.clone(), v.clone(), zeros_cd.clone(), zeros_cd.clone(),
         long_zeros.clone(), zeros_c.clone(), false.clone(),
+        energy0.clone(), energy0.clone(),
     )  # fmt: skip
 
 
@@ -146,6 +167,7 @@ def init_transition(
 # them; it must set all the others (RESET_FIELDS, as init_transition makes them).
 WRITTEN_BEFORE_READ = frozenset(
     ("z_sub", "r_sub", "pe_sub", "g_sub", "log_weight_sub", "rho_sub", "r_sub_first", "r_inner")
+    + ("energy_sub",)
     + ("ckpt_r", "ckpt_rho", "ckpt_r_prev", "ckpt_v", "ckpt_v_prev", "v_sub_first", "v_inner")
 )
 RESET_FIELDS = tuple(name for name in NUTSState._fields if name not in WRITTEN_BEFORE_READ)
@@ -229,6 +251,7 @@ def nuts_step(
     z_sub = torch.where(take_, z, s.z_sub)
     r_sub = torch.where(take_, r, s.r_sub)
     pe_sub = torch.where(take, pe, s.pe_sub)
+    energy_sub = torch.where(take, energy, s.energy_sub)
     g_sub = torch.where(take_, g, s.g_sub)
     first_ = first.unsqueeze(-1)
     rho_sub = torch.where(first_, torch.zeros_like(r), s.rho_sub) + r
@@ -300,6 +323,7 @@ def nuts_step(
     z_prop = torch.where(accept_, z_sub, s.z_prop)
     r_prop = torch.where(accept_, r_sub, s.r_prop)
     pe_prop = torch.where(accept_sub, pe_sub, s.pe_prop)
+    energy_prop = torch.where(accept_sub, energy_sub, s.energy_prop)
     g_prop = torch.where(accept_, g_sub, s.g_prop)
     log_weight = torch.where(valid, torch.logaddexp(s.log_weight, log_w_sub), s.log_weight)
     v_outer = torch.where(right, s.v_left, s.v_right)
@@ -334,6 +358,7 @@ def nuts_step(
         torch.where(grow_left, v, s.v_left), torch.where(grow_right, v, s.v_right),
         v_sub_first, v_inner,
         s.num_steps + 1, s.sum_accept + accept_prob, s.diverging | leaf_diverging,
+        energy_sub, energy_prop,
     )  # fmt: skip
     if not freeze_finished:
         return new
@@ -364,7 +389,7 @@ def transition_result(state: NUTSState, inverse_mass: torch.Tensor) -> Transitio
         state.z_prop,
         state.pe_prop,
         state.g_prop,
-        state.pe_prop + kinetic_energy(inverse_mass, state.r_prop),
+        state.energy_prop,
         state.depth,
         state.num_steps,
         state.sum_accept / steps,

@@ -21,13 +21,22 @@ from typing import NamedTuple
 import torch
 
 from .adaptation import DualAveragingState, dual_averaging_update
-from .nuts import RESET_FIELDS, NUTSState, init_transition, nuts_step, transition_result
+from .integrator import kinetic_energy, velocity
+from .nuts import (
+    RESET_FIELDS,
+    NUTSState,
+    init_transition,
+    nuts_step,
+    start_transition,
+    transition_result,
+)
 
 __all__ = [
     "BlockRandomness",
     "BlockOutputs",
     "BlockState",
     "draw_block_randomness",
+    "with_momenta",
     "init_block",
     "block_iteration",
 ]
@@ -38,6 +47,11 @@ class BlockRandomness(NamedTuple):
     go_right: torch.Tensor  # (C, T, max_depth)
     merge_u: torch.Tensor  # (C, T, max_depth)
     leaf_u: torch.Tensor  # (C, leaf_budget)
+    # each transition's momentum, velocity and kinetic energy, from the noise and the metric
+    # (:func:`with_momenta`); None: the graph computes them at every iteration
+    momentum: torch.Tensor | None = None  # (C, T, D)
+    velocity: torch.Tensor | None = None  # (C, T, D)
+    kinetic: torch.Tensor | None = None  # (C, T)
 
 
 class BlockOutputs(NamedTuple):
@@ -74,6 +88,25 @@ def draw_block_randomness(C, T, D, max_depth, leaf_budget, dtype, device=None) -
         torch.rand(C, T, max_depth, dtype=dtype, device=device),
         torch.rand(C, leaf_budget, dtype=dtype, device=device),
     )
+
+
+def with_momenta(
+    rand: BlockRandomness, mass_sqrt: torch.Tensor, inverse_mass: torch.Tensor
+) -> BlockRandomness:
+    """``rand`` with every transition's momentum ``r ~ N(0, M)`` from its noise, its
+    velocity ``M^{-1} r`` and kinetic energy, for the whole block at once.
+
+    :func:`block_iteration` starts a transition at every iteration for the chains that
+    need one and keeps the other chains' trees, so it would compute all three per leapfrog
+    step; with a dense metric that is two of the five matrix-vector products per step.
+    """
+    noise = rand.momentum_noise
+    if mass_sqrt.dim() == 2:  # diagonal: (C, D)
+        r = mass_sqrt.unsqueeze(1) * noise
+    else:  # a lower Cholesky factor of M per chain: (C, D, D)
+        r = (mass_sqrt.unsqueeze(1) @ noise.unsqueeze(-1)).squeeze(-1)
+    v = velocity(inverse_mass, r)
+    return rand._replace(momentum=r, velocity=v, kinetic=kinetic_energy(inverse_mass, r, v))
 
 
 def init_block(z, potential_energy, grad, step_size, dual_averaging, t_limit, T, max_depth):
@@ -146,10 +179,14 @@ def block_iteration(
     t_idx = bs.t.clamp(max=T - 1)
 
     # start a new transition where the previous one finished
-    noise = _at(rand.momentum_noise, t_idx)
-    fresh = init_transition(
-        bs.z, bs.potential_energy, bs.grad, noise, mass_sqrt, inverse_mass, max_depth
-    )
+    if rand.momentum is not None:
+        r, v, kinetic = (_at(x, t_idx) for x in (rand.momentum, rand.velocity, rand.kinetic))
+        fresh = start_transition(bs.z, bs.potential_energy, bs.grad, r, v, kinetic, max_depth)
+    else:
+        noise = _at(rand.momentum_noise, t_idx)
+        fresh = init_transition(
+            bs.z, bs.potential_energy, bs.grad, noise, mass_sqrt, inverse_mass, max_depth
+        )
     starting = bs.need_init & ~bs.block_done
     reset = {
         name: _select(starting, getattr(fresh, name), getattr(bs.tree, name))
