@@ -15,6 +15,12 @@ graph module's parameters, then its buffers) and accepts it only after one call 
 of the inputs, from the same random state, gives bit for bit the outputs and written inputs
 that the compiled artifact gives; otherwise (another layout of wrappers in a later torch,
 a non-CPU device, ``PROBTORCH_DIRECT_CALL=0``) callers keep the artifact.
+
+With its buffers pooled (:class:`BufferPool`, :class:`ViewPool`) the generated ``call``
+does the same thing on every call but for its inputs and what library calls return, so the
+NUTS chunk goes one step further: :class:`CallTape` records one call as the kernel and
+library calls it makes, and :func:`replay_call` accepts replaying them (without the
+generated Python) after a replay gave bit for bit what the generated code gives.
 """
 
 from __future__ import annotations
