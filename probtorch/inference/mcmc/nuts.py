@@ -383,7 +383,8 @@ class TransitionResult(NamedTuple):
 
 
 def transition_result(state: NUTSState, inverse_mass: torch.Tensor) -> TransitionResult:
-    """The draw and the statistics of a finished transition."""
+    """The draw and the statistics of a finished transition. (``inverse_mass`` is no longer
+    read: the proposal's Hamiltonian is kept along the tree.)"""
     steps = state.num_steps.clamp(min=1).to(state.sum_accept.dtype)
     return TransitionResult(
         state.z_prop,

@@ -48,7 +48,8 @@ class BlockRandomness(NamedTuple):
     merge_u: torch.Tensor  # (C, T, max_depth)
     leaf_u: torch.Tensor  # (C, leaf_budget)
     # each transition's momentum, velocity and kinetic energy, from the noise and the metric
-    # (:func:`with_momenta`); None: the graph computes them at every iteration
+    # (:func:`with_momenta`, as ``run_segment`` does); None: block_iteration computes them
+    # at every iteration (eager callers only: the compiled executors take tensors only)
     momentum: torch.Tensor | None = None  # (C, T, D)
     velocity: torch.Tensor | None = None  # (C, T, D)
     kinetic: torch.Tensor | None = None  # (C, T)
