@@ -39,14 +39,17 @@ def kinetic_energy(
 
 
 def sample_momentum(mass_sqrt: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Momentum ``r ~ N(0, M)`` from standard normal ``noise``.
+    """Momentum ``r ~ N(0, M)`` from standard normal ``noise`` of shape ``(C, D)`` or
+    ``(C, K, D)`` (K momenta per chain).
 
     ``mass_sqrt`` is ``M^{1/2}`` elementwise (diagonal, ``(C, D)``) or a lower Cholesky
     factor of ``M`` (dense, ``(C, D, D)``).
     """
-    if mass_sqrt.dim() == noise.dim():
-        return mass_sqrt * noise
-    return (mass_sqrt @ noise.unsqueeze(-1)).squeeze(-1)
+    stack = (1,) * (noise.dim() - 2)  # broadcast the metric over the K momenta
+    C, D = noise.shape[0], noise.shape[-1]
+    if mass_sqrt.dim() == 2:
+        return mass_sqrt.reshape(C, *stack, D) * noise
+    return (mass_sqrt.reshape(C, *stack, D, D) @ noise.unsqueeze(-1)).squeeze(-1)
 
 
 def leapfrog(

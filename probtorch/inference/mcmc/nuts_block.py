@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .adaptation import DualAveragingState, dual_averaging_update
-from .integrator import kinetic_energy, velocity
+from .integrator import kinetic_energy, sample_momentum, velocity
 from .nuts import (
     RESET_FIELDS,
     NUTSState,
@@ -101,11 +101,7 @@ def with_momenta(
     need one and keeps the other chains' trees, so it would compute all three per leapfrog
     step; with a dense metric that is two of the five matrix-vector products per step.
     """
-    noise = rand.momentum_noise
-    if mass_sqrt.dim() == 2:  # diagonal: (C, D)
-        r = mass_sqrt.unsqueeze(1) * noise
-    else:  # a lower Cholesky factor of M per chain: (C, D, D)
-        r = (mass_sqrt.unsqueeze(1) @ noise.unsqueeze(-1)).squeeze(-1)
+    r = sample_momentum(mass_sqrt, rand.momentum_noise)
     v = velocity(inverse_mass, r)
     return rand._replace(momentum=r, velocity=v, kinetic=kinetic_energy(inverse_mass, r, v))
 
