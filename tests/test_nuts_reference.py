@@ -22,7 +22,6 @@ from probtorch.inference import NUTS
 from probtorch.inference.compile import count_compiles
 from probtorch.inference.mcmc import kernels as nuts_kernels
 from probtorch.inference.mcmc.adaptation import dual_averaging_update
-from probtorch.inference.mcmc.integrator import kinetic_energy
 from probtorch.inference.mcmc.nuts import (
     draw_randomness,
     init_transition,
@@ -104,8 +103,6 @@ def test_state_machine_matches_reference(case):
                     tree, rand, potential.value_and_grad, step, inverse_mass, max_depth
                 )
         result = transition_result(tree, inverse_mass)
-        # the energy kept along the tree is the proposal's Hamiltonian, bit for bit
-        assert torch.equal(result.energy, tree.pe_prop + kinetic_energy(inverse_mass, tree.r_prop))
         with torch_validation(False):
             for c in range(NUM_CHAINS):
                 proposal, stats = reference_transition(
@@ -117,6 +114,10 @@ def test_state_machine_matches_reference(case):
                     result.potential_energy[c], result.num_steps[c], result.tree_depth[c],
                     result.diverging[c], result.accept_prob[c],
                 )  # fmt: skip
+                # the energy kept along the tree is the proposal's Hamiltonian
+                r_prop = proposal[1]
+                energy = proposal[2] + 0.5 * (inverse_mass[c] * r_prop * r_prop).sum()
+                torch.testing.assert_close(result.energy[c], energy, rtol=0, atol=ATOL)
                 seen["depths"].add(stats["tree_depth"])
                 seen["diverging"] += stats["diverging"]
         z, pe, grad = result.z, result.potential_energy, result.grad

@@ -434,8 +434,8 @@ class NUTS(_HamiltonianKernel):
                 rand = draw_block_randomness(C, T, D, L, self.leaf_budget, dtype, device)
                 rand = with_momenta(rand, state.mass_sqrt, state.inverse_mass)
                 block = init_block(
-                    state.z, state.potential_energy, state.grad, state.step_size,
-                    adapt.dual_averaging, t_limit, T, L,
+                    state.z, state.potential_energy, state.grad, state.inverse_mass,
+                    state.step_size, adapt.dual_averaging, t_limit, T, L,
                 )  # fmt: skip
                 block_args = (rand, state.inverse_mass, state.mass_sqrt, t_limit) + flags
                 if self._lean_pending:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from .integrator import kinetic_energy, leapfrog, sample_momentum, velocity
+from .integrator import kinetic_energy, leapfrog_velocity, sample_momentum, velocity
 
 __all__ = [
     "TransitionRandomness",
@@ -57,7 +57,6 @@ class NUTSState(NamedTuple):
     r_right: torch.Tensor
     g_right: torch.Tensor
     z_prop: torch.Tensor
-    r_prop: torch.Tensor
     pe_prop: torch.Tensor
     g_prop: torch.Tensor
     energy0: torch.Tensor  # Hamiltonian at the start
@@ -91,6 +90,13 @@ class NUTSState(NamedTuple):
     v_right: torch.Tensor
     v_sub_first: torch.Tensor
     v_inner: torch.Tensor
+    # M^{-1} g at the edges, the subtree's sample and the proposal: a leapfrog step updates
+    # the velocity with it, so that with a dense metric it multiplies by the metric once
+    # (M^{-1} of the new gradient), not twice (the half-step momentum and the new momentum)
+    mg_left: torch.Tensor
+    mg_right: torch.Tensor
+    mg_sub: torch.Tensor
+    mg_prop: torch.Tensor
     # statistics
     num_steps: torch.Tensor
     sum_accept: torch.Tensor
@@ -126,20 +132,22 @@ def init_transition(
     r = sample_momentum(mass_sqrt, momentum_noise)
     v = velocity(inverse_mass, r)
     kinetic = kinetic_energy(inverse_mass, r, v)
-    return start_transition(z, potential_energy, grad, r, v, kinetic, max_depth)
+    mg = velocity(inverse_mass, grad)
+    return start_transition(z, potential_energy, grad, mg, r, v, kinetic, max_depth)
 
 
 def start_transition(
     z: torch.Tensor,
     potential_energy: torch.Tensor,
     grad: torch.Tensor,
+    minv_grad: torch.Tensor,
     r: torch.Tensor,
     v: torch.Tensor,
     kinetic: torch.Tensor,
     max_depth: int,
 ) -> NUTSState:
-    """:func:`init_transition` from a momentum ``r`` already drawn, its velocity
-    ``v = M^{-1} r`` and its kinetic energy ``r . v / 2``."""
+    """:func:`init_transition` from ``M^{-1} grad`` and a momentum ``r`` already drawn,
+    its velocity ``v = M^{-1} r`` and its kinetic energy ``r . v / 2``."""
     C, D = z.shape
     energy0 = potential_energy + kinetic
     zeros_cd = torch.zeros_like(z)
@@ -151,12 +159,13 @@ def start_transition(
     return NUTSState(
         z.clone(), r.clone(), grad.clone(),
         z.clone(), r.clone(), grad.clone(),
-        z.clone(), r.clone(), potential_energy.clone(), grad.clone(),
+        z.clone(), potential_energy.clone(), grad.clone(),
         energy0, zeros_c.clone(), r.clone(), long_zeros.clone(), false.clone(),
         long_zeros.clone(), z.clone(), r.clone(), potential_energy.clone(), grad.clone(),
         zeros_c.clone(), zeros_cd.clone(), zeros_cd.clone(), zeros_cd.clone(), r.clone(),
         ckpt.clone(), ckpt.clone(), ckpt.clone(), v.clone(), ckpt.clone(), ckpt.clone(),
         v.clone(), v.clone(), zeros_cd.clone(), zeros_cd.clone(),
+        minv_grad.clone(), minv_grad.clone(), minv_grad.clone(), minv_grad.clone(),
         long_zeros.clone(), zeros_c.clone(), false.clone(),
         energy0.clone(), energy0.clone(),
     )  # fmt: skip
@@ -167,7 +176,7 @@ def start_transition(
 # them; it must set all the others (RESET_FIELDS, as init_transition makes them).
 WRITTEN_BEFORE_READ = frozenset(
     ("z_sub", "r_sub", "pe_sub", "g_sub", "log_weight_sub", "rho_sub", "r_sub_first", "r_inner")
-    + ("energy_sub",)
+    + ("energy_sub", "mg_sub")
     + ("ckpt_r", "ckpt_rho", "ckpt_r_prev", "ckpt_v", "ckpt_v_prev", "v_sub_first", "v_inner")
 )
 RESET_FIELDS = tuple(name for name in NUTSState._fields if name not in WRITTEN_BEFORE_READ)
@@ -232,9 +241,11 @@ def nuts_step(
     r_edge = torch.where(right, s.r_right, s.r_left)
     v_edge = torch.where(right, s.v_right, s.v_left)
     g_edge = torch.where(right, s.g_right, s.g_left)
+    mg_edge = torch.where(right, s.mg_right, s.mg_left)
     signed_step = torch.where(right_now, step_size, -step_size)
-    z, r, pe, g = leapfrog(value_and_grad, z_edge, r_edge, g_edge, signed_step, inverse_mass)
-    v = velocity(inverse_mass, r)
+    z, r, v, pe, g, mg = leapfrog_velocity(
+        value_and_grad, z_edge, r_edge, v_edge, g_edge, mg_edge, signed_step, inverse_mass
+    )
     energy = pe + kinetic_energy(inverse_mass, r, v)
     delta = energy - s.energy0
     delta = torch.where(torch.isnan(delta), torch.full_like(delta, float("inf")), delta)
@@ -253,6 +264,7 @@ def nuts_step(
     pe_sub = torch.where(take, pe, s.pe_sub)
     energy_sub = torch.where(take, energy, s.energy_sub)
     g_sub = torch.where(take_, g, s.g_sub)
+    mg_sub = torch.where(take_, mg, s.mg_sub)
     first_ = first.unsqueeze(-1)
     rho_sub = torch.where(first_, torch.zeros_like(r), s.rho_sub) + r
     r_sub_first = torch.where(first_, r, s.r_sub_first)
@@ -321,10 +333,10 @@ def nuts_step(
     accept_sub = valid & (u_merge < torch.exp(log_w_sub - s.log_weight))
     accept_ = accept_sub.unsqueeze(-1)
     z_prop = torch.where(accept_, z_sub, s.z_prop)
-    r_prop = torch.where(accept_, r_sub, s.r_prop)
     pe_prop = torch.where(accept_sub, pe_sub, s.pe_prop)
     energy_prop = torch.where(accept_sub, energy_sub, s.energy_prop)
     g_prop = torch.where(accept_, g_sub, s.g_prop)
+    mg_prop = torch.where(accept_, mg_sub, s.mg_prop)
     log_weight = torch.where(valid, torch.logaddexp(s.log_weight, log_w_sub), s.log_weight)
     v_outer = torch.where(right, s.v_left, s.v_right)
     rho_total = s.rho + rho_sub
@@ -350,13 +362,15 @@ def nuts_step(
         torch.where(grow_right, z, s.z_right),
         torch.where(grow_right, r, s.r_right),
         torch.where(grow_right, g, s.g_right),
-        z_prop, r_prop, pe_prop, g_prop,
+        z_prop, pe_prop, g_prop,
         s.energy0, log_weight, rho, depth, s.done | finished,
         torch.where(sub_done, torch.zeros_like(next_leaf), next_leaf),
         z_sub, r_sub, pe_sub, g_sub, log_w_sub, rho_sub, r_sub_first, r_inner, r,
         ckpt_r, ckpt_rho, ckpt_r_prev, v, ckpt_v, ckpt_v_prev,
         torch.where(grow_left, v, s.v_left), torch.where(grow_right, v, s.v_right),
         v_sub_first, v_inner,
+        torch.where(grow_left, mg, s.mg_left), torch.where(grow_right, mg, s.mg_right),
+        mg_sub, mg_prop,
         s.num_steps + 1, s.sum_accept + accept_prob, s.diverging | leaf_diverging,
         energy_sub, energy_prop,
     )  # fmt: skip
@@ -380,6 +394,7 @@ class TransitionResult(NamedTuple):
     num_steps: torch.Tensor
     accept_prob: torch.Tensor  # mean Metropolis acceptance over the trajectory
     diverging: torch.Tensor
+    minv_grad: torch.Tensor | None = None  # M^{-1} grad (NUTS: the next transition's start)
 
 
 def transition_result(state: NUTSState, inverse_mass: torch.Tensor) -> TransitionResult:
@@ -395,4 +410,5 @@ def transition_result(state: NUTSState, inverse_mass: torch.Tensor) -> Transitio
         state.num_steps,
         state.sum_accept / steps,
         state.diverging,
+        state.mg_prop,
     )

@@ -77,6 +77,7 @@ class BlockState(NamedTuple):
     z: torch.Tensor  # current point
     potential_energy: torch.Tensor
     grad: torch.Tensor
+    minv_grad: torch.Tensor  # M^{-1} grad
     step_size: torch.Tensor
     dual_averaging: DualAveragingState
     out: BlockOutputs
@@ -106,8 +107,11 @@ def with_momenta(
     return rand._replace(momentum=r, velocity=v, kinetic=kinetic_energy(inverse_mass, r, v))
 
 
-def init_block(z, potential_energy, grad, step_size, dual_averaging, t_limit, T, max_depth):
-    """A block state whose chains start a fresh transition at ``z``."""
+def init_block(
+    z, potential_energy, grad, inverse_mass, step_size, dual_averaging, t_limit, T, max_depth
+):
+    """A block state whose chains start a fresh transition at ``z`` (under the metric
+    ``inverse_mass``, fixed for the block)."""
     C, D = z.shape
     zeros_noise = torch.zeros_like(z)
     mass_one = torch.ones_like(z)
@@ -129,6 +133,7 @@ def init_block(z, potential_energy, grad, step_size, dual_averaging, t_limit, T,
         z.clone(),
         potential_energy.clone(),
         grad.clone(),
+        velocity(inverse_mass, grad).clone(),
         step_size.clone(),
         DualAveragingState(*(x.clone() for x in dual_averaging)),
         outputs,
@@ -178,7 +183,9 @@ def block_iteration(
     # start a new transition where the previous one finished
     if rand.momentum is not None:
         r, v, kinetic = (_at(x, t_idx) for x in (rand.momentum, rand.velocity, rand.kinetic))
-        fresh = start_transition(bs.z, bs.potential_energy, bs.grad, r, v, kinetic, max_depth)
+        fresh = start_transition(
+            bs.z, bs.potential_energy, bs.grad, bs.minv_grad, r, v, kinetic, max_depth
+        )
     else:
         noise = _at(rand.momentum_noise, t_idx)
         fresh = init_transition(
@@ -247,6 +254,7 @@ def block_iteration(
         _select(finished, result.z, bs.z),
         torch.where(finished, result.potential_energy, bs.potential_energy),
         _select(finished, result.grad, bs.grad),
+        _select(finished, result.minv_grad, bs.minv_grad),
         step_size,
         dual_averaging,
         out,
