@@ -127,6 +127,49 @@ def test_replayed_call_makes_the_generated_codes_kernel_and_library_calls_bit_fo
         assert torch.equal(direct_x, replay_x)
 
 
+def _step_with_hidden_solve(x, scale_tril, noise_scale):
+    """:func:`_step_with_solve` that does not return the solve's result."""
+    return _step_with_solve(x, scale_tril, noise_scale)[:1]
+
+
+def test_replay_makes_a_library_call_through_its_out_overload_into_fixed_buffers():
+    inputs = _solve_inputs()
+    gm = make_fx(_step_with_hidden_solve)(*[t.clone() for t in inputs])
+    call, pool = generated_call.compile_graph(
+        gm, inputs, {}, written=[0], pool_buffers=True, replay=True
+    )
+    tape = call.bind.__self__
+    assert tape.num_out_calls == 1  # the solve (Inductor's seed draw is an out= call already)
+    direct_x, replay_x = torch.zeros(3), torch.zeros(3)
+    torch.manual_seed(5)
+    expected = []
+    for _ in range(3):
+        pool.start()
+        expected.append(call([direct_x, *inputs[1:]])[0].clone())
+    torch.manual_seed(5)
+    step = call.bind([replay_x, *inputs[1:]])
+    got = [step()[0].clone() for _ in range(3)]
+    assert generated_call._bitwise_equal(expected, got)
+    assert torch.equal(direct_x, replay_x)
+    # the plan found the solve's out= overload
+    solve = torch.ops.aten.linalg_solve_triangular
+    scale_tril = inputs[1]
+    assert generated_call._out_plan(
+        solve.default, (scale_tril, torch.ones(3, 1)), {"upper": False},
+        solve.default(scale_tril, torch.ones(3, 1), upper=False),
+    )[0] is solve.out
+
+
+def test_out_plan_is_refused_for_random_mutating_and_view_calls():
+    x = torch.ones(3)
+    aten = torch.ops.aten
+    plan = generated_call._out_plan
+    assert plan(aten.bernoulli.p, (x, 0.5), {}, aten.bernoulli.p(x, 0.5)) is None
+    assert plan(aten.add_.Tensor, (x.clone(), x), {}, x) is None
+    assert plan(aten.view.default, (x, [3, 1]), {}, x.view(3, 1)) is None
+    assert plan(aten.add.Tensor, (x, x), {}, aten.add.Tensor(x, x))[0] is aten.add.out
+
+
 def test_replay_is_refused_when_it_cannot_be_shown_to_compute_the_same(monkeypatch):
     inputs = _solve_inputs()
     call, pool = _compiled_with_tape(inputs)

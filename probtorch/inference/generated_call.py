@@ -354,6 +354,12 @@ class CallTape:
     100-dimensional Gaussian 121 -> 87 us. :func:`replay_call` accepts a tape only after
     its replay gave bit for bit what the generated code gives.
 
+    A library call that the generated code makes without ``out=`` (Inductor's fallbacks,
+    such as ``linalg_solve_triangular`` or ``linalg_cholesky_ex``) is replayed through its
+    ``out=`` overload into buffers allocated once per :meth:`bind`, where the recording
+    showed that overload to give the same result bit for bit (:func:`_out_plan`): no
+    allocation per call, and the kernels that read the result get fixed arguments too.
+
     Example (:func:`compile_graph` records and checks the tape)::
 
         >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -379,6 +385,7 @@ class CallTape:
         self._make_view = make_view
         self.num_kernels = sum(step[0] == "k" for step in steps)
         self.num_library_calls = len(steps) - self.num_kernels
+        self.num_out_calls = len(self._out_calls())
 
     @classmethod
     def record(cls, module, constants: list, inputs: list) -> tuple[CallTape, object]:
@@ -414,8 +421,9 @@ class CallTape:
 
         def on_op(func, op_args, op_kwargs):
             flat, spec = pytree.tree_flatten((op_args, op_kwargs))
-            steps.append(("op", func, [provenance(a) for a in flat], spec))
+            provenances = [provenance(a) for a in flat]
             out = func(*op_args, **op_kwargs)
+            steps.append(("op", func, provenances, spec, _out_plan(func, op_args, op_kwargs, out)))
             j = num_ops[0]
             num_ops[0] += 1
             for k, t in enumerate(pytree.tree_leaves(out)):
@@ -450,16 +458,46 @@ class CallTape:
         tape = cls(steps, [provenance(x) for x in leaves], out_spec, list(constants), make_view)
         return tape, out
 
+    def _out_calls(self) -> dict[int, list]:
+        """The library calls replayed through ``out=``, by call index: those with an out
+        plan whose result (or a view of it) the call does not return."""
+        returned = set()
+
+        def note(p):
+            if p[0] == "o":
+                returned.add(p[1])
+            elif p[0] == "v":
+                note(p[1])
+
+        for p in self._outputs:
+            note(p)
+        ops = [step for step in self._steps if step[0] == "op"]
+        return {
+            j: step[4][2]
+            for j, step in enumerate(ops)
+            if step[4] is not None and j not in returned
+        }
+
+    def _out_buffers(self) -> dict[int, tuple]:
+        """Fresh ``out=`` buffers for :meth:`_out_calls`."""
+        return {
+            j: tuple(torch.empty_strided(n, st, dtype=dt, device=dv) for n, st, dt, dv in metas)
+            for j, metas in self._out_calls().items()
+        }
+
     def bind(self, inputs: list) -> Callable[[], object]:
         """A function of no arguments that makes the recorded call for ``inputs`` (the same
         list, or one with the same tensors' layouts, each call)."""
         args = [*self._constants, *inputs]
         make_view = self._make_view
+        fixed = self._out_buffers()
 
         def settle(p):  # what depends on the inputs only, resolved now
             kind = p[0]
             if kind == "i":
                 return ("s", args[p[1]])
+            if kind == "o" and p[1] in fixed:
+                return ("s", fixed[p[1]][p[2]])
             if kind == "v":
                 base = settle(p[1])
                 if base[0] == "s":
@@ -476,12 +514,19 @@ class CallTape:
             return make_view(value(p[1], slots), p[2], p[3], p[4])
 
         calls = []
+        op_index = 0
         for step in self._steps:
             settled = [settle(p) for p in step[2]]
             if step[0] == "k":
                 calls.append(_kernel_call(step[1], settled, value))
+                continue
+            if op_index in fixed:
+                overload, names = step[4][0], step[4][1]
+                outs = dict(zip(names, fixed[op_index]))
+                calls.append(_library_call_out(overload, settled, step[3], value, outs))
             else:
                 calls.append(_library_call(step[1], settled, step[3], value))
+            op_index += 1
         outputs = [settle(p) for p in self._outputs]
         out_spec = self._out_spec
         if all(p[0] == "s" for p in outputs):
@@ -556,6 +601,67 @@ def _library_call(func, settled: list, spec, value) -> Callable[[list], None]:
         slots.append(pytree.tree_leaves(func(*nested_args, **nested_kwargs)))
 
     return call_nested
+
+
+def _out_plan(func, args, kwargs, result) -> tuple | None:
+    """``(out overload, its out argument names, [(size, stride, dtype, device)])`` for a
+    library call whose ``out=`` overload writes ``result`` bit for bit into buffers of
+    ``result``'s layout (tried once, here); None for anything else: calls that mutate or
+    alias their inputs, draw random numbers, or return non-tensors."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or schema.is_mutable or any(r.alias_info for r in schema.returns):
+        return None
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return None
+    results = (result,) if isinstance(result, torch.Tensor) else result
+    if not isinstance(results, (tuple, list)) or not all(
+        isinstance(t, torch.Tensor) and t.layout == torch.strided for t in results
+    ):
+        return None
+    inputs = [a.name for a in schema.arguments]
+    for name in func.overloadpacket.overloads():
+        overload = getattr(func.overloadpacket, name)
+        arguments = overload._schema.arguments
+        names = [a.name for a in arguments if a.is_out]
+        if len(names) != len(results) or [a.name for a in arguments if not a.is_out] != inputs:
+            continue
+        buffers = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                   for t in results]  # fmt: skip
+        layouts = [(b.data_ptr(), b.stride()) for b in buffers]
+        try:
+            overload(*args, **kwargs, **dict(zip(names, buffers)))
+        except Exception:  # noqa: BLE001 - this overload does not take these arguments
+            continue
+        same = all(
+            (b.data_ptr(), b.stride()) == layout and _bitwise_equal(b, t)
+            for b, layout, t in zip(buffers, layouts, results)
+        )
+        if same:
+            metas = [(tuple(t.shape), t.stride(), t.dtype, t.device) for t in results]
+            return overload, names, metas
+        return None
+    return None
+
+
+def _library_call_out(overload, settled: list, spec, value, outs: dict) -> Callable:
+    """:func:`_library_call` through the ``out=`` overload into the fixed ``outs``."""
+    results = tuple(outs.values())
+    if all(p[0] == "s" for p in settled):
+        args, kwargs = pytree.tree_unflatten([p[1] for p in settled], spec)
+        bound = functools.partial(overload, *args, **kwargs, **outs)
+
+        def call(slots):
+            bound()
+            slots.append(results)
+
+        return call
+
+    def call_later(slots):
+        args, kwargs = pytree.tree_unflatten([value(p, slots) for p in settled], spec)
+        overload(*args, **kwargs, **outs)
+        slots.append(results)
+
+    return call_later
 
 
 def replay_call(
