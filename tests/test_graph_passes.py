@@ -15,7 +15,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.inference.compile import compile_fn, count_compiles
-from probtorch.inference.graph_passes import BatchedTriangularSolve, NarrowMatmul
+from probtorch.inference.graph_passes import (
+    BatchedTriangularSolve,
+    NarrowMatmul,
+    RealizeBroadcastOperands,
+)
 from probtorch.inference.potential import initialize_model
 
 F64 = torch.float64
@@ -240,3 +244,56 @@ def test_natural_regression_under_the_chain_vmap_is_rewritten_and_exact(float64,
     torch.testing.assert_close(value, ref_value, rtol=1e-12, atol=1e-10)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-10)
     assert sorted(seen) == [(20, 2000), (2000, 20)]  # both products: chains first
+
+
+def _pairwise_kernel(X, tausq, inv_length_sq):
+    """A Matern-style kernel's sum over pairs, inputs scaled by lengthscales (the SAAS GP)."""
+    Xs = X / (tausq * inv_length_sq).rsqrt()
+    r2 = (Xs.unsqueeze(-2) - Xs.unsqueeze(-3)).pow(2).sum(-1)
+    return torch.exp(-(r2 + 1e-12).sqrt()).sum()
+
+
+def _pairwise_inputs():
+    g = torch.Generator().manual_seed(0)
+    return torch.rand(30, 10, generator=g, dtype=F64), torch.tensor(0.7, dtype=F64), (
+        torch.rand(10, generator=g, dtype=F64) + 0.5
+    )
+
+
+def _forced(gm):
+    from torch._inductor.inductor_prims import force_stride_order
+
+    return [n.args[0].target for n in gm.graph.nodes if n.target is force_stride_order]
+
+
+def test_costly_values_broadcast_to_many_times_their_size_are_stored_once():
+    gm = make_fx(_pairwise_kernel, tracing_mode="fake")(*_pairwise_inputs())
+    RealizeBroadcastOperands()(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    # the scaled inputs (300 elements, compared over 30 x 30 pairs) are stored; the
+    # lengthscales (10 elements) and the cheap subtraction are left to Inductor
+    assert _forced(gm) == [torch.ops.aten.div.Tensor]
+    args = _pairwise_inputs()
+    assert torch.equal(gm(*args), _pairwise_kernel(*args))
+
+
+def test_compile_fn_stores_the_broadcast_value_and_matches_eager(float64, monkeypatch):
+    from torch._inductor.utils import fresh_cache
+
+    seen = []
+    realize = RealizeBroadcastOperands.__call__
+
+    def spy(self, graph):
+        realize(self, graph)
+        seen.append(len(_forced(torch.fx.GraphModule({}, graph))))
+
+    monkeypatch.setattr(RealizeBroadcastOperands, "__call__", spy)
+    grad = torch.func.grad(_pairwise_kernel, argnums=(0, 2))
+    args = _pairwise_inputs()
+    with fresh_cache():
+        actual = compile_fn(grad)(*args)
+    expected = grad(*args)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    assert seen and max(seen) >= 1, seen

@@ -106,7 +106,9 @@ def inductor_base_options() -> dict:
     triangular matrix shared by the chains is solved once, not copied per chain
     (``BatchedTriangularSolve``), and a CPU matrix product with few columns (a data matrix
     times one vector per chain) is computed transposed, the order MKL runs 2-5x faster
-    (``NarrowMatmul``).
+    (``NarrowMatmul``), and a costly elementwise value broadcast to many times its size
+    (inputs scaled by lengthscales, compared pairwise) is stored once instead of recomputed
+    for every element it is broadcast to (``RealizeBroadcastOperands``).
 
     On Linux x86-64 Inductor's vector ISA is taken from the CPU flags (``cpp.vec_isa_ok``)
     instead of being probed: Inductor otherwise compiles a test kernel for each ISA the CPU

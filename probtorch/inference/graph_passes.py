@@ -1,6 +1,6 @@
 """Graph rewrites that Inductor runs on probtorch's compiled kernels (after autograd).
 
-:class:`ProbtorchPasses` runs the two below; every probtorch compile uses it
+:class:`ProbtorchPasses` runs the three below; every probtorch compile uses it
 (:func:`~probtorch.inference.compile.inductor_base_options`).
 
 :class:`BatchedTriangularSolve`. A potential is evaluated for all chains at once with
@@ -37,7 +37,7 @@ import math
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-__all__ = ["BatchedTriangularSolve", "NarrowMatmul", "ProbtorchPasses"]
+__all__ = ["BatchedTriangularSolve", "NarrowMatmul", "ProbtorchPasses", "RealizeBroadcastOperands"]
 
 _aten = torch.ops.aten
 
@@ -173,11 +173,92 @@ class NarrowMatmul(_OpRewrite):
         graph.erase_node(node)
 
 
+_VIEWS = frozenset(
+    (
+        _aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims, _aten.view.default,
+        _aten.reshape.default, _aten._unsafe_view.default, _aten.expand.default,
+        _aten.permute.default, _aten.transpose.int, _aten.slice.Tensor, _aten.select.int,
+    )
+)  # fmt: skip
+_COSTLY = frozenset(
+    (
+        _aten.div.Tensor, _aten.div.Scalar, _aten.reciprocal.default, _aten.sqrt.default,
+        _aten.rsqrt.default, _aten.pow.Tensor_Scalar, _aten.pow.Tensor_Tensor,
+        _aten.exp.default, _aten.log.default, _aten.log1p.default, _aten.expm1.default,
+        _aten.tanh.default, _aten.sigmoid.default, _aten.erf.default,
+    )
+)  # fmt: skip
+
+
+def _is_pointwise(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and torch.Tag.pointwise in getattr(node.target, "tags", ())
+
+
+class RealizeBroadcastOperands(CustomGraphPass):
+    """Compute once a costly elementwise result that the graph broadcasts to many times its
+    size, instead of again for every element it is broadcast to.
+
+    Inductor inlines an elementwise producer into its consumers unless it is read by many
+    nodes or (on CPU) calls ``exp``, ``log``, ``tanh`` or ``sigmoid``; broadcasting does not
+    count. A kernel's inputs scaled by lengthscales, ``X / (tausq * inv_length_sq).rsqrt()``
+    (the SAAS GP), and then compared pairwise were so recomputed for each of the 30 x 30
+    pairs: a reciprocal square root and two divisions per pair and dimension, a third of the
+    SAAS NUTS step. This pass routes the broadcast uses of such a result (a division, root,
+    power or transcendental function of at least ``min_numel`` elements, broadcast to at
+    least ``min_factor`` times its size) through ``inductor_force_stride_order``, which
+    makes Inductor store it once; same arithmetic, same results.
+    """
+
+    min_numel = 32
+    min_factor = 8
+
+    def uuid(self) -> str:
+        return "probtorch.RealizeBroadcastOperands.v1"
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        from torch._inductor.inductor_prims import force_stride_order as force
+        for node in list(graph.nodes):
+            val = _val(node)
+            if not (
+                node.op == "call_function"
+                and node.target in _COSTLY
+                and isinstance(val, torch.Tensor)
+                and val.device.type == "cpu"
+                and val.numel() >= self.min_numel
+            ):
+                continue
+            uses = self._broadcast_uses(node, val.numel())
+            if not uses:
+                continue
+            with graph.inserting_after(node):
+                stored = graph.call_function(force, (node, list(val.stride())))
+            stored.meta["val"] = val
+            for user in uses:
+                user.replace_input_with(node, stored)
+
+    def _broadcast_uses(self, node: torch.fx.Node, numel: int) -> list:
+        """The direct users of ``node`` through which it reaches (via views) an elementwise
+        consumer at least ``min_factor`` times its size."""
+        uses = []
+        for user in node.users:
+            frontier, amplified = [user], False
+            while frontier and not amplified:
+                n = frontier.pop()
+                if n.op == "call_function" and n.target in _VIEWS:
+                    frontier.extend(n.users)
+                elif _is_pointwise(n) and isinstance(_val(n), torch.Tensor):
+                    amplified = _val(n).numel() >= self.min_factor * numel
+            if amplified:
+                uses.append(user)
+        return uses
+
+
 class ProbtorchPasses(CustomGraphPass):
-    """:class:`BatchedTriangularSolve`, then :class:`NarrowMatmul`."""
+    """:class:`BatchedTriangularSolve`, :class:`NarrowMatmul`, then
+    :class:`RealizeBroadcastOperands`."""
 
     def __init__(self):
-        self.passes = (BatchedTriangularSolve(), NarrowMatmul())
+        self.passes = (BatchedTriangularSolve(), NarrowMatmul(), RealizeBroadcastOperands())
 
     def uuid(self) -> str:
         return "+".join(p.uuid() for p in self.passes)
