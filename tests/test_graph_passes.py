@@ -19,6 +19,7 @@ from probtorch.inference.graph_passes import (
     BatchedTriangularSolve,
     NarrowMatmul,
     RealizeBroadcastOperands,
+    RowTimesMatrixAsLibraryCall,
 )
 from probtorch.inference.potential import initialize_model
 
@@ -297,3 +298,38 @@ def test_compile_fn_stores_the_broadcast_value_and_matches_eager(float64, monkey
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
     assert seen and max(seen) >= 1, seen
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape,rewritten",
+    [
+        ((4, 1, 100), (4, 100, 100), True),  # a dense metric's velocity, 4 chains
+        ((4, 1, 100), (4, 100, 70), True),
+        ((4, 2, 100), (4, 100, 100), False),  # two rows: Inductor calls BLAS already
+        ((4, 1, 10), (4, 10, 100), False),  # short rows: Inductor's loop is fine
+    ],
+)
+def test_row_times_matrix_products_go_to_blas(a_shape, b_shape, rewritten):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(a_shape, generator=g, dtype=F64)
+    b = torch.randn(b_shape, generator=g, dtype=F64)
+    gm = make_fx(torch.bmm, tracing_mode="fake")(a, b)
+    RowTimesMatrixAsLibraryCall()(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert (torch.ops.aten.baddbmm.default in targets) == rewritten
+    assert (torch.ops.aten.bmm.default in targets) == (not rewritten)
+    torch.testing.assert_close(gm(a, b), torch.bmm(a, b), rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_dense_velocity_equals_eager(float64):
+    from probtorch.inference.mcmc.integrator import velocity
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(4, 100, 100, generator=g, dtype=F64)
+    inverse_mass = a @ a.transpose(-1, -2) / 100 + torch.eye(100, dtype=F64)
+    r = torch.randn(4, 100, generator=g, dtype=F64)
+    torch.testing.assert_close(
+        compile_fn(velocity)(inverse_mass, r), velocity(inverse_mass, r), rtol=1e-12, atol=1e-12
+    )

@@ -106,7 +106,9 @@ def inductor_base_options() -> dict:
     triangular matrix shared by the chains is solved once, not copied per chain
     (``BatchedTriangularSolve``), and a CPU matrix product with few columns (a data matrix
     times one vector per chain) is computed transposed, the order MKL runs 2-5x faster
-    (``NarrowMatmul``), and a costly elementwise value broadcast to many times its size
+    (``NarrowMatmul``), a batched row-times-matrix product (a dense metric's velocity) goes to
+    BLAS instead of Inductor's loop (``RowTimesMatrixAsLibraryCall``), and a costly
+    elementwise value broadcast to many times its size
     (inputs scaled by lengthscales, compared pairwise) is stored once instead of recomputed
     for every element it is broadcast to (``RealizeBroadcastOperands``).
 

@@ -1,6 +1,6 @@
 """Graph rewrites that Inductor runs on probtorch's compiled kernels (after autograd).
 
-:class:`ProbtorchPasses` runs the three below; every probtorch compile uses it
+:class:`ProbtorchPasses` runs the four below; every probtorch compile uses it
 (:func:`~probtorch.inference.compile.inductor_base_options`).
 
 :class:`BatchedTriangularSolve`. A potential is evaluated for all chains at once with
@@ -37,7 +37,13 @@ import math
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-__all__ = ["BatchedTriangularSolve", "NarrowMatmul", "ProbtorchPasses", "RealizeBroadcastOperands"]
+__all__ = [
+    "BatchedTriangularSolve",
+    "NarrowMatmul",
+    "ProbtorchPasses",
+    "RealizeBroadcastOperands",
+    "RowTimesMatrixAsLibraryCall",
+]
 
 _aten = torch.ops.aten
 
@@ -253,12 +259,53 @@ class RealizeBroadcastOperands(CustomGraphPass):
         return uses
 
 
+class RowTimesMatrixAsLibraryCall(_OpRewrite):
+    """Compute a CPU batched row-times-matrix product ``(B, 1, K) @ (B, K, N)`` with ``K``
+    and ``N`` of at least ``min_size`` by BLAS, as ``baddbmm`` with ``beta=0``.
+
+    Inductor lowers every CPU ``bmm`` with one row to its own multiply-and-sum loop. For a
+    dense metric's velocity ``M^{-1} r`` (4 chains, D = 100, float64) that loop took 15 us
+    where ``torch.bmm`` takes 9.5 us; Inductor keeps ``baddbmm`` as a library call. The same
+    products, summed by BLAS; ``beta=0`` ignores the (zero) input.
+    """
+
+    target = _aten.bmm.default
+    min_size = 64
+
+    def uuid(self) -> str:
+        return "probtorch.RowTimesMatrixAsLibraryCall.v1"
+
+    @classmethod
+    def _rewrite(cls, graph: torch.fx.Graph, node: torch.fx.Node, a, b) -> None:
+        a_node, b_node = node.args[:2]
+        if a.device.type != "cpu" or not all(isinstance(d, int) for d in (*a.shape, *b.shape)):
+            return
+        (_, m, k), n = a.shape, b.shape[2]
+        if not (m == 1 and k >= cls.min_size and n >= cls.min_size):
+            return
+        fake_mode = torch._guards.detect_fake_mode([a, b])
+        if _reads_layout(node) or fake_mode is None:
+            return
+        emit = _emitter(graph, fake_mode)
+        out = _val(node)
+        with graph.inserting_before(node):
+            zero = emit(_aten.full.default, [1, 1, 1], 0.0, dtype=out.dtype, device=out.device)
+            product = emit(_aten.baddbmm.default, zero, a_node, b_node, beta=0)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+
+
 class ProbtorchPasses(CustomGraphPass):
-    """:class:`BatchedTriangularSolve`, :class:`NarrowMatmul`, then
-    :class:`RealizeBroadcastOperands`."""
+    """:class:`BatchedTriangularSolve`, :class:`NarrowMatmul`,
+    :class:`RowTimesMatrixAsLibraryCall`, then :class:`RealizeBroadcastOperands`."""
 
     def __init__(self):
-        self.passes = (BatchedTriangularSolve(), NarrowMatmul(), RealizeBroadcastOperands())
+        self.passes = (
+            BatchedTriangularSolve(),
+            NarrowMatmul(),
+            RowTimesMatrixAsLibraryCall(),
+            RealizeBroadcastOperands(),
+        )
 
     def uuid(self) -> str:
         return "+".join(p.uuid() for p in self.passes)
