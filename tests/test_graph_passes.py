@@ -323,13 +323,24 @@ def test_row_times_matrix_products_go_to_blas(a_shape, b_shape, rewritten):
     torch.testing.assert_close(gm(a, b), torch.bmm(a, b), rtol=1e-12, atol=1e-12)
 
 
-def test_compiled_dense_velocity_equals_eager(float64):
+def test_compiled_dense_velocity_goes_to_blas_and_equals_eager(float64, monkeypatch):
+    from torch._inductor.utils import fresh_cache
+
     from probtorch.inference.mcmc.integrator import velocity
 
+    seen = []
+    rewrite = RowTimesMatrixAsLibraryCall.__call__
+
+    def spy(self, graph):
+        rewrite(self, graph)
+        seen.extend(n.target for n in graph.nodes if n.op == "call_function")
+
+    monkeypatch.setattr(RowTimesMatrixAsLibraryCall, "__call__", spy)
     g = torch.Generator().manual_seed(1)
     a = torch.randn(4, 100, 100, generator=g, dtype=F64)
     inverse_mass = a @ a.transpose(-1, -2) / 100 + torch.eye(100, dtype=F64)
     r = torch.randn(4, 100, generator=g, dtype=F64)
-    torch.testing.assert_close(
-        compile_fn(velocity)(inverse_mass, r), velocity(inverse_mass, r), rtol=1e-12, atol=1e-12
-    )
+    with fresh_cache():
+        actual = compile_fn(velocity)(inverse_mass, r)
+    torch.testing.assert_close(actual, velocity(inverse_mass, r), rtol=1e-12, atol=1e-12)
+    assert torch.ops.aten.baddbmm.default in seen and torch.ops.aten.bmm.default not in seen

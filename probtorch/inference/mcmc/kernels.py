@@ -494,7 +494,7 @@ class NUTS(_HamiltonianKernel):
             self.max_tree_depth,
         )
         tree = self._loop(tree, rand, state.step_size, state.inverse_mass)
-        result = transition_result(tree, state.inverse_mass)
+        result = transition_result(tree)
         new_state = state._replace(
             z=result.z, potential_energy=result.potential_energy, grad=result.grad
         )

@@ -397,9 +397,9 @@ class TransitionResult(NamedTuple):
     minv_grad: torch.Tensor | None = None  # M^{-1} grad (NUTS: the next transition's start)
 
 
-def transition_result(state: NUTSState, inverse_mass: torch.Tensor) -> TransitionResult:
-    """The draw and the statistics of a finished transition. (``inverse_mass`` is no longer
-    read: the proposal's Hamiltonian is kept along the tree.)"""
+def transition_result(state: NUTSState) -> TransitionResult:
+    """The draw and the statistics of a finished transition (the proposal's Hamiltonian is
+    kept along the tree, so no product with the metric is needed here)."""
     steps = state.num_steps.clamp(min=1).to(state.sum_accept.dtype)
     return TransitionResult(
         state.z_prop,

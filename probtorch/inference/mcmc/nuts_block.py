@@ -217,7 +217,7 @@ def block_iteration(
         freeze_finished=False,
     )
     finished = new_tree.done & ~tree.done
-    result = transition_result(new_tree, inverse_mass)
+    result = transition_result(new_tree)
 
     # record the draw (unfinished chains write to the scratch row T)
     slot = torch.where(finished, t_idx, torch.full_like(t_idx, T))
