@@ -203,3 +203,57 @@ def test_in_place_loop_replays_the_call_with_the_same_results(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))
     eager = ChunkedLoop(_walk, compiled=False)(_start(), *_args())
     assert all(torch.equal(a, b) for a, b in zip(runs["1"], eager))
+
+
+def test_library_calls_are_replayed_through_torch_python_bindings():
+    aten = torch.ops.aten
+    x, y = torch.randn(2, 1, 3), torch.randn(2, 3, 4)
+    binding = generated_call._python_binding
+    assert binding(aten.linalg_solve_triangular.out) is torch._C._linalg.linalg_solve_triangular
+    assert binding(aten.bmm.default) is torch._C._VariableFunctions.bmm
+    # the out= plan of the solve carries its binding, checked bit for bit
+    inputs = _solve_inputs()
+    scale_tril, rhs = inputs[1], torch.ones(3, 1)
+    solve = aten.linalg_solve_triangular.default
+    plan = generated_call._out_plan(
+        solve, (scale_tril, rhs), {"upper": False}, solve(scale_tril, rhs, upper=False)
+    )
+    assert plan[3] is torch._C._linalg.linalg_solve_triangular
+    # a recorded call made again through its binding: deterministic calls that write only
+    # their out= buffers, which alias nothing else
+    same = generated_call._same_binding
+    out = torch.empty(2, 1, 4)
+    args = (torch.zeros(2, 1, 4), x, y)
+    kwargs = {"beta": 0, "out": out}
+    assert same(aten.baddbmm.out, args, kwargs, aten.baddbmm.out(*args, **kwargs)) is not None
+    aliased = (out, x, y)  # the out buffer is an argument too: a second call differs
+    assert same(aten.baddbmm.out, aliased, kwargs, aten.baddbmm.out(*aliased, **kwargs)) is None
+    assert same(aten.bmm.default, (x, y), {}, torch.bmm(x, y)) is torch._C._VariableFunctions.bmm
+    z = torch.ones(3)
+    assert same(aten.bernoulli.p, (z, 0.5), {}, z) is None
+    assert same(aten.add_.Tensor, (z.clone(), z), {}, z) is None
+    assert same(aten.view.default, (z, [3, 1]), {}, z.view(3, 1)) is None
+    assert same(aten.add.out, (z, z), {"out": z}, z) is None  # writes its own input
+    # a binding that computes something else is not taken
+    assert same(aten.bmm.default, (x, y), {}, torch.bmm(x, y) + 1) is None
+
+
+def test_replayed_library_calls_use_their_bindings_with_the_same_results():
+    inputs = _solve_inputs()
+    call, pool = _compiled_with_tape(inputs)
+    tape = call.bind.__self__
+    solves = [step for step in tape._steps if step[0] == "op" and "solve" in str(step[1])]
+    assert solves and all(step[5] is torch._C._linalg.linalg_solve_triangular for step in solves)
+    # Inductor's seed draw is random: made through its overload
+    others = [step for step in tape._steps if step[0] == "op" and "solve" not in str(step[1])]
+    assert all(step[5] is None for step in others)
+    direct_x, replay_x = torch.zeros(3), torch.zeros(3)
+    torch.manual_seed(5)
+    expected = []
+    for _ in range(3):
+        pool.start()
+        expected.append([t.clone() for t in call([direct_x, *inputs[1:]])])
+    torch.manual_seed(5)
+    step = call.bind([replay_x, *inputs[1:]])
+    got = [[t.clone() for t in step()] for _ in range(3)]
+    assert generated_call._bitwise_equal(expected, got)
