@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test: $(STAMP) lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup tests probtorch --doctest-modules
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 tests probtorch --doctest-modules
 
 # Skips the tests marked slow.
 test-fast: $(STAMP)
