@@ -61,9 +61,7 @@ def test_rewrite_solves_once_and_matches(a_shape, b_shape, left, upper, unitrian
 
     gm = make_fx(solve, tracing_mode="fake")(A, B)
     assert [s.meta["val"].dim() for s in _solves(gm)] == [len(b_shape)], "a batched solve"
-    BatchedTriangularSolve()(gm.graph)
-    gm.graph.lint()
-    gm.recompile()
+    _run_pass(BatchedTriangularSolve(), gm)
     solves = _solves(gm)
     assert len(solves) == 1
     assert solves[0].meta["val"].dim() == 2, "the rewritten solve has no batch dims"
@@ -71,6 +69,13 @@ def test_rewrite_solves_once_and_matches(a_shape, b_shape, left, upper, unitrian
     actual = gm(A, B)
     assert actual.shape == expected.shape
     torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+
+
+def _run_pass(graph_pass, gm: torch.fx.GraphModule) -> None:
+    """Rewrite ``gm`` in place with ``graph_pass``, check its graph and regenerate its code."""
+    graph_pass(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
 
 
 def test_batched_matrix_is_left_alone():
@@ -202,9 +207,7 @@ def test_narrow_products_are_computed_transposed(a_shape, b_shape, dtype, rewrit
     A = torch.randn(a_shape, generator=g, dtype=dtype)
     B = torch.randn(b_shape, generator=g, dtype=dtype)
     gm = make_fx(torch.mm, tracing_mode="fake")(A, B)
-    NarrowMatmul()(gm.graph)
-    gm.graph.lint()
-    gm.recompile()
+    _run_pass(NarrowMatmul(), gm)
     expected = [(b_shape[::-1], a_shape[::-1])] if rewritten else [(a_shape, b_shape)]
     assert _products(gm) == expected
     out = gm(A, B)
@@ -269,9 +272,7 @@ def _forced(gm):
 
 def test_costly_values_broadcast_to_many_times_their_size_are_stored_once():
     gm = make_fx(_pairwise_kernel, tracing_mode="fake")(*_pairwise_inputs())
-    RealizeBroadcastOperands()(gm.graph)
-    gm.graph.lint()
-    gm.recompile()
+    _run_pass(RealizeBroadcastOperands(), gm)
     # the scaled inputs (300 elements, compared over 30 x 30 pairs) are stored; the
     # lengthscales (10 elements) and the cheap subtraction are left to Inductor
     assert _forced(gm) == [torch.ops.aten.div.Tensor]
@@ -314,9 +315,7 @@ def test_row_times_matrix_products_go_to_blas(a_shape, b_shape, rewritten):
     a = torch.randn(a_shape, generator=g, dtype=F64)
     b = torch.randn(b_shape, generator=g, dtype=F64)
     gm = make_fx(torch.bmm, tracing_mode="fake")(a, b)
-    RowTimesMatrixAsLibraryCall()(gm.graph)
-    gm.graph.lint()
-    gm.recompile()
+    _run_pass(RowTimesMatrixAsLibraryCall(), gm)
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     assert (torch.ops.aten.baddbmm.default in targets) == rewritten
     assert (torch.ops.aten.bmm.default in targets) == (not rewritten)

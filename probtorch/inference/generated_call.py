@@ -632,17 +632,12 @@ def _out_plan(func, args, kwargs, result) -> tuple | None:
         names = [a.name for a in arguments if a.is_out]
         if len(names) != len(results) or [a.name for a in arguments if not a.is_out] != inputs:
             continue
-        buffers = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-                   for t in results]  # fmt: skip
-        layouts = [(b.data_ptr(), b.stride()) for b in buffers]
-        try:
+        def into(buffers, overload=overload, names=names):
             overload(*args, **kwargs, **dict(zip(names, buffers)))
-        except Exception:  # noqa: BLE001 - this overload does not take these arguments
+
+        same = _writes_bit_for_bit(into, results)
+        if same is None:  # this overload does not take these arguments
             continue
-        same = all(
-            (b.data_ptr(), b.stride()) == layout and _bitwise_equal(b, t)
-            for b, layout, t in zip(buffers, layouts, results)
-        )
         if same:
             metas = [(tuple(t.shape), t.stride(), t.dtype, t.device) for t in results]
             return overload, names, metas, _out_binding(overload, names, args, kwargs, results)
@@ -694,8 +689,8 @@ def _same_binding(func, args, kwargs, result) -> Callable | None:
         if isinstance(t, torch.Tensor)
     ]
     storages = {t.untyped_storage().data_ptr() for t in inputs}
-    if any(t.untyped_storage().data_ptr() in storages for t in results if out_names):
-        return None
+    if out_names and any(t.untyped_storage().data_ptr() in storages for t in results):
+        return None  # a second call would read what the first wrote
     expected = [t.clone() for t in results]
     try:
         again = pytree.tree_leaves(binding(*args, **kwargs))
@@ -713,18 +708,28 @@ def _out_binding(overload, names, args, kwargs, results) -> Callable | None:
     binding = _python_binding(overload)
     if binding is None:
         return None
+    same = _writes_bit_for_bit(
+        lambda buffers: binding(*args, **kwargs, out=buffers if len(names) > 1 else buffers[0]),
+        results,
+    )
+    return binding if same else None
+
+
+def _writes_bit_for_bit(call: Callable[[tuple], object], results) -> bool | None:
+    """Whether ``call(buffers)`` writes ``results`` bit for bit into fresh ``buffers`` of
+    their layout (and leaves them in place); None where it raises (it does not take these
+    arguments)."""
     buffers = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
                     for t in results)  # fmt: skip
     layouts = [(b.data_ptr(), b.stride()) for b in buffers]
     try:
-        binding(*args, **kwargs, out=buffers if len(names) > 1 else buffers[0])
-    except Exception:  # noqa: BLE001 - the binding does not take these arguments
+        call(buffers)
+    except Exception:  # noqa: BLE001
         return None
-    same = all(
+    return all(
         (b.data_ptr(), b.stride()) == layout and _bitwise_equal(b, t)
         for b, layout, t in zip(buffers, layouts, results)
     )
-    return binding if same else None
 
 
 def _library_call_out(
