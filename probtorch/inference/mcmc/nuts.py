@@ -75,14 +75,19 @@ class NUTSState(NamedTuple):
     r_sub_first: torch.Tensor  # momentum of the subtree's first leaf
     r_inner: torch.Tensor  # momentum of the edge the subtree grows from
     r_prev: torch.Tensor  # momentum of the previous leaf
-    ckpt_r: torch.Tensor  # (C, max_depth, D) momenta at subtree starts
-    ckpt_rho: torch.Tensor  # (C, max_depth, D) inclusive momentum sums there
-    ckpt_r_prev: torch.Tensor  # (C, max_depth, D) momenta of the leaf before each start
+    # Checkpoints, one row per level of the subtrees open at the current leaf (stored at the
+    # even leaf where such a subtree starts), holding what their U-turn checks need so that
+    # each check is a few dot products with the current leaf's momentum sum and velocity:
+    ckpt_u: torch.Tensor  # (C, max_depth, D) momentum sum of the subtree before the start
+    ckpt_w: torch.Tensor  # (C, max_depth, D) the same without the leaf before the start
+    ckpt_vu: torch.Tensor  # (C, max_depth) start velocity . ckpt_u
+    ckpt_vpw: torch.Tensor  # (C, max_depth) velocity of the leaf before . ckpt_w
+    ckpt_first_ok: torch.Tensor  # (C, max_depth) the enclosing subtree's first half is no U-turn
     # velocities M^{-1} r of the previous leaf and of the checkpointed momenta, kept so that
     # each leapfrog multiplies by the metric for a few momenta only (not 3 * max_depth)
     v_prev: torch.Tensor
-    ckpt_v: torch.Tensor
-    ckpt_v_prev: torch.Tensor
+    ckpt_v: torch.Tensor  # (C, max_depth, D) at the start
+    ckpt_v_prev: torch.Tensor  # (C, max_depth, D) at the leaf before the start
     # velocities of the edges' momenta, of the subtree's first leaf and of the edge it grows
     # from: Stan's checks across subtrees need them at every leaf (three products with a
     # dense metric per leapfrog otherwise)
@@ -155,6 +160,8 @@ def start_transition(
     long_zeros = torch.zeros(C, dtype=torch.int64, device=z.device)
     false = torch.zeros(C, dtype=torch.bool, device=z.device)
     ckpt = torch.zeros(C, max_depth, D, dtype=z.dtype, device=z.device)
+    ckpt_dot = torch.zeros(C, max_depth, dtype=z.dtype, device=z.device)
+    ckpt_ok = torch.zeros(C, max_depth, dtype=torch.bool, device=z.device)
     # .clone(): every state tensor its own buffer (compiled in-place updates need that)
     return NUTSState(
         z.clone(), r.clone(), grad.clone(),
@@ -163,7 +170,8 @@ def start_transition(
         energy0, zeros_c.clone(), r.clone(), long_zeros.clone(), false.clone(),
         long_zeros.clone(), z.clone(), r.clone(), potential_energy.clone(), grad.clone(),
         zeros_c.clone(), zeros_cd.clone(), zeros_cd.clone(), zeros_cd.clone(), r.clone(),
-        ckpt.clone(), ckpt.clone(), ckpt.clone(), v.clone(), ckpt.clone(), ckpt.clone(),
+        ckpt.clone(), ckpt.clone(), ckpt_dot.clone(), ckpt_dot.clone(), ckpt_ok.clone(),
+        v.clone(), ckpt.clone(), ckpt.clone(),
         v.clone(), v.clone(), zeros_cd.clone(), zeros_cd.clone(),
         minv_grad.clone(), minv_grad.clone(), minv_grad.clone(), minv_grad.clone(),
         long_zeros.clone(), zeros_c.clone(), false.clone(),
@@ -177,7 +185,8 @@ def start_transition(
 WRITTEN_BEFORE_READ = frozenset(
     ("z_sub", "r_sub", "pe_sub", "g_sub", "log_weight_sub", "rho_sub", "r_sub_first", "r_inner")
     + ("energy_sub", "mg_sub")
-    + ("ckpt_r", "ckpt_rho", "ckpt_r_prev", "ckpt_v", "ckpt_v_prev", "v_sub_first", "v_inner")
+    + ("ckpt_u", "ckpt_w", "ckpt_vu", "ckpt_vpw", "ckpt_first_ok", "ckpt_v", "ckpt_v_prev")
+    + ("v_sub_first", "v_inner")
 )
 RESET_FIELDS = tuple(name for name in NUTSState._fields if name not in WRITTEN_BEFORE_READ)
 
@@ -272,7 +281,7 @@ def nuts_step(
     v_sub_first = torch.where(first_, v, s.v_sub_first)
     v_inner = torch.where(first_, v_edge, s.v_inner)
 
-    # checkpoints: at even leaves store where the subtrees that start here begin
+    # checkpoints: at an even leaf, store what the checks of the subtrees starting here need
     leaf = s.leaf
     idx_max = _popcount(leaf >> 1, max_depth)
     trailing_ones = _popcount(((leaf + 1) & ~leaf) - 1, max_depth + 1)
@@ -283,40 +292,54 @@ def nuts_step(
     # the clamp only matters for chains whose values nobody reads (see freeze_finished)
     chains = torch.arange(leaf.shape[0], device=leaf.device)
     slot = idx_max.clamp(0, max_depth - 1)
-    even_ = even.unsqueeze(-1)
 
     def store(buf, value):
-        return buf.index_put((chains, slot), torch.where(even_, value, buf[chains, slot]))
+        keep = even.reshape(even.shape + (1,) * (value.dim() - 1))
+        return buf.index_put((chains, slot), torch.where(keep, value, buf[chains, slot]))
 
-    ckpt_r = store(s.ckpt_r, r)
-    ckpt_rho = store(s.ckpt_rho, rho_sub)
-    ckpt_r_prev = store(s.ckpt_r_prev, s.r_prev)
+    u = rho_sub - r  # the subtree's momentum sum before this leaf
+    w = u - s.r_prev
+    ckpt_u = store(s.ckpt_u, u)
+    ckpt_w = store(s.ckpt_w, w)
+    ckpt_vu = store(s.ckpt_vu, (v * u).sum(-1))
+    ckpt_vpw = store(s.ckpt_vpw, (s.v_prev * w).sum(-1))
     ckpt_v = store(s.ckpt_v, v)
     ckpt_v_prev = store(s.ckpt_v_prev, s.v_prev)
+    # the subtree starting here is the second half of the one starting a level below (the
+    # enclosing subtree, whose first half ends at the previous leaf): check that first half
+    # now, while the momentum sum is its own. Row slot - 1 is read after the stores, which
+    # leave it as it was (the value at slot 0 is never read); reading a buffer after its
+    # update lets the compiled graph write it in place instead of copying it.
+    below = (slot - 1).clamp(min=0)
+    first_half = rho_sub - ckpt_u[chains, below]
+    ckpt_first_ok = store(s.ckpt_first_ok, _no_uturn(ckpt_v[chains, below], v, first_half))
 
-    # at odd leaves, check every sub-subtree that ends here (levels idx_min..idx_max).
-    # Level i starts at checkpoint i; its second half starts at checkpoint i + 1, or at
-    # this leaf for the smallest one.
-    def shifted(buf, current):
-        nxt = torch.nn.functional.pad(buf[:, 1:], (0, 0, 0, 1))
-        return torch.where(at_max.unsqueeze(-1), current.unsqueeze(1), nxt)
+    # at odd leaves (where the stores above keep every row: reading the stored buffers lets
+    # the compiled graph update them in place instead of copying them), check every
+    # sub-subtree that ends here, levels idx_min..idx_max. Level i starts at checkpoint i,
+    # its second half at checkpoint i + 1, or at this leaf for the smallest (whose first
+    # half is its start: the check of the whole covers it). Stan's criterion on the whole
+    # (start velocity and v against rho_sub - u), on the first half extended by the second's
+    # first leaf, and on the second half extended by the first's last leaf: every momentum
+    # sum is rho_sub minus a stored one, so each check is a difference of dot products,
+    # four D-long reductions per level.
+    v_rho = (v * rho_sub).sum(-1, keepdim=True)
+    rho_ = rho_sub.unsqueeze(1)
+    v_ = v.unsqueeze(1)
+    whole_ok = ((ckpt_v * rho_).sum(-1) > ckpt_vu) & (v_rho > (ckpt_u * v_).sum(-1))
+    second_ok_at_ckpt = ((ckpt_v_prev * rho_).sum(-1) > ckpt_vpw) & (
+        v_rho > (ckpt_w * v_).sum(-1)
+    )
+    last_two = r + s.r_prev
+    second_ok_at_leaf = ((s.v_prev * last_two).sum(-1) > 0) & ((v * last_two).sum(-1) > 0)
 
-    r_half = shifted(ckpt_r, r)
-    rho_half = shifted(ckpt_rho, rho_sub)
-    r_before_half = shifted(ckpt_r_prev, s.r_prev)
-    rho_upto_start = ckpt_rho - ckpt_r  # exclusive sum before each subtree start
-    rho_upto_half = rho_half - r_half
-    rho_all = rho_sub.unsqueeze(1) - rho_upto_start
-    rho_first_half = rho_upto_half - rho_upto_start
-    rho_second_half = rho_sub.unsqueeze(1) - rho_upto_half
-    # velocities are linear in the momenta: shift the stored ones like the momenta
-    v_start, v_end = ckpt_v, v.unsqueeze(1)
-    v_half = shifted(ckpt_v, v)
-    v_before_half = shifted(ckpt_v_prev, s.v_prev)
+    def next_level(x):  # row i + 1 at row i
+        return torch.nn.functional.pad(x[:, 1:], (0, 1))
+
     keeps_going = (
-        _no_uturn(v_start, v_end, rho_all)
-        & _no_uturn(v_start, v_half, rho_first_half + r_half)
-        & _no_uturn(v_before_half, v_end, rho_second_half + r_before_half)
+        whole_ok
+        & (at_max | next_level(ckpt_first_ok))
+        & torch.where(at_max, second_ok_at_leaf.unsqueeze(-1), next_level(second_ok_at_ckpt))
     )
     checked = (
         (~even).unsqueeze(-1)
@@ -366,7 +389,7 @@ def nuts_step(
         s.energy0, log_weight, rho, depth, s.done | finished,
         torch.where(sub_done, torch.zeros_like(next_leaf), next_leaf),
         z_sub, r_sub, pe_sub, g_sub, log_w_sub, rho_sub, r_sub_first, r_inner, r,
-        ckpt_r, ckpt_rho, ckpt_r_prev, v, ckpt_v, ckpt_v_prev,
+        ckpt_u, ckpt_w, ckpt_vu, ckpt_vpw, ckpt_first_ok, v, ckpt_v, ckpt_v_prev,
         torch.where(grow_left, v, s.v_left), torch.where(grow_right, v, s.v_right),
         v_sub_first, v_inner,
         torch.where(grow_left, mg, s.mg_left), torch.where(grow_right, mg, s.mg_right),
