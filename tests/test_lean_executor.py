@@ -14,6 +14,7 @@ from models import eight_schools, eight_schools_data
 
 import probtorch as pt
 from probtorch.inference import MCMC, NUTS
+from probtorch.inference.mcmc import kernels as nuts_kernels
 from probtorch.inference.mcmc import lean
 from probtorch.inference.mcmc.executor import InPlaceLoop
 from probtorch.reparam import LocScaleReparam
@@ -89,12 +90,15 @@ def test_auto_executor_uses_a_cached_package_at_once(model_and_data, package_dir
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("lean_faster", [True, False], ids=["lean-faster", "lean-slower"])
 def test_auto_executor_switches_mid_run_without_changing_the_draws(
-    model_and_data, package_dir, monkeypatch
+    model_and_data, package_dir, monkeypatch, lean_faster
 ):
     """The package becomes ready after a few blocks (as when a background build finishes):
-    the run continues on the lean loop from the quick path's state, and the draws are those
-    of a quick run."""
+    the run continues on the lean loop from the quick path's state for a trial of
+    LEAN_TRIAL_BLOCKS blocks, keeps it if its time per call is lower (here decided by a
+    stand-in for lean_is_faster, given the measured times), else goes back to the quick
+    path for good; the draws are those of a quick run either way."""
     monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(package_dir))
     model, args, kwargs = model_and_data
     _lean_run_locked(package_dir, model, args, kwargs)  # the package is on disk
@@ -107,15 +111,40 @@ def test_auto_executor_switches_mid_run_without_changing_the_draws(
         return real_poll(self) if len(polls) > 3 else None
 
     monkeypatch.setattr(lean.TieredBuild, "poll", late_poll)
-    quick_calls = []
-    real_call = InPlaceLoop.__call__
+    timings = []
+
+    def decide(quick_per_call, lean_per_call):
+        timings.append((list(quick_per_call), list(lean_per_call)))
+        return lean_faster
+
+    monkeypatch.setattr(nuts_kernels, "lean_is_faster", decide)
+    quick_calls, lean_calls = [], []
+    real_quick, real_lean = InPlaceLoop.__call__, lean.LeanLoop.__call__
     monkeypatch.setattr(
-        InPlaceLoop, "__call__", lambda self, *a: quick_calls.append(1) or real_call(self, *a)
+        InPlaceLoop, "__call__", lambda self, *a: quick_calls.append(1) or real_quick(self, *a)
     )
-    auto = _run(model, args, kwargs, "auto")
-    assert len(quick_calls) == 3, "the first blocks should run on the quick path"
-    assert type(auto.kernel._block_loop).__name__ == "LeanLoop"
+    monkeypatch.setattr(
+        lean.LeanLoop, "__call__", lambda self, *a: lean_calls.append(1) or real_lean(self, *a)
+    )
+    kernel = NUTS(model, executor="auto", block_size=16)
+    auto = _run(model, args, kwargs, "auto", kernel)
+    assert len(quick_calls) >= 3 and len(lean_calls) >= nuts_kernels.LEAN_TRIAL_BLOCKS
+    # the three quick blocks were timed (the chunk is compiled before the first one starts)
+    [(quick_times, lean_times)] = timings
+    assert len(quick_times) == 3 and len(lean_times) == nuts_kernels.LEAN_TRIAL_BLOCKS
+    assert all(t > 0 for t in quick_times + lean_times)
+    if lean_faster:
+        assert len(quick_calls) == 3
+        assert type(kernel._block_loop).__name__ == "LeanLoop"
+    else:
+        assert len(lean_calls) == nuts_kernels.LEAN_TRIAL_BLOCKS
+        assert type(kernel._block_loop).__name__ == "InPlaceLoop"
+        assert kernel._lean_slower
     _assert_same_draws(auto, quick)
+    if not lean_faster:  # the sampler's next run stays on the quick path from the start
+        lean_calls.clear()
+        _run(model, args, kwargs, "auto", kernel)
+        assert lean_calls == [] and kernel._tiered is None
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -38,7 +39,14 @@ from .nuts import (
 from .nuts_block import block_iteration, draw_block_randomness, init_block, with_momenta
 from .warmup import AdaptState
 
-__all__ = ["SamplerState", "SegmentResult", "NUTS", "HMC", "find_reasonable_step_size"]
+__all__ = [
+    "SamplerState",
+    "SegmentResult",
+    "NUTS",
+    "HMC",
+    "find_reasonable_step_size",
+    "lean_is_faster",
+]
 
 STAT_NAMES = (
     "diverging", "energy", "tree_depth", "num_steps", "accept_prob", "step_size",
@@ -302,7 +310,10 @@ class NUTS(_HamiltonianKernel):
             once when its package is cached, else the quick path while a background process
             builds the package (where two CPUs are free, see
             :func:`~probtorch.inference.mcmc.lean.background_builds_allowed`), switching to
-            it at a block boundary when it is ready. The draws are the same on every path.
+            it at a block boundary when it is ready, for good only if its time per leapfrog
+            step beats the quick path's (:func:`lean_is_faster`, over a trial of
+            ``LEAN_TRIAL_BLOCKS`` blocks; otherwise this sampler stays on the quick path,
+            also in later runs). The draws are the same on every path.
 
     Example::
 
@@ -340,6 +351,7 @@ class NUTS(_HamiltonianKernel):
         self.max_tree_depth = int(max_tree_depth)
         self.max_delta_energy = float(max_delta_energy)
         self.block_size = int(block_size)
+        self._lean_slower = False  # "auto": a trial found the lean loop slower (kept across runs)
         # leaf uniforms per chain and block: room for several maximal trees
         self.leaf_budget = max(4 * 2**self.max_tree_depth, 64 * self.block_size)
 
@@ -370,8 +382,15 @@ class NUTS(_HamiltonianKernel):
             )
         else:
             self._block_loop = ChunkedLoop(block_step, self.chunk_size, False, done=_block_done)
-        self._lean_pending = self.executor != "quick" and potential.compiled
+        self._lean_pending = potential.compiled and (
+            self.executor == "lean" or (self.executor == "auto" and not self._lean_slower)
+        )
         self._tiered: TieredBuild | None = None
+        # "auto": seconds per call of the quick loop's blocks, and of the lean loop's during
+        # its trial (self._trial: (quick loop, lean loop) while it runs)
+        self._quick_per_call: list[float] = []
+        self._lean_per_call: list[float] = []
+        self._trial: tuple | None = None
 
     def _use_lean(self, block, block_args) -> None:
         """Set up the lean executor on first use (from the first block's shapes).
@@ -400,10 +419,40 @@ class NUTS(_HamiltonianKernel):
             self._block_loop = result
 
     def _poll_lean(self) -> None:
-        """Switch to the lean executor once its background build has finished."""
-        loop = self._tiered.poll() if self._tiered is not None else None
-        if loop is not None:
-            self._block_loop = loop
+        """Try the lean executor once its background build has finished (after at least one
+        block of the quick path was timed, to compare it with)."""
+        if self._tiered is None or self._lean_slower or self._trial is not None:
+            return
+        loop = self._tiered.poll()
+        if loop is None or loop is self._block_loop:
+            return
+        if isinstance(self._block_loop, InPlaceLoop):
+            if not self._quick_per_call:
+                return
+            self._trial = (self._block_loop, loop)
+        self._block_loop = loop
+
+    def _run_block(self, block, block_args):
+        """One block on the current loop, timed per call for the lean loop's trial; returns
+        the new block state and the loop that ran it."""
+        loop = self._block_loop
+        calls, compiled = loop.calls, len(getattr(loop, "_compiled", ()))
+        start = time.perf_counter()
+        block = loop(block, *block_args)
+        seconds, calls = time.perf_counter() - start, loop.calls - calls
+        if calls <= 0 or compiled != len(getattr(loop, "_compiled", ())):
+            return block, loop  # nothing ran, or the time includes a compilation
+        if isinstance(loop, InPlaceLoop):
+            self._quick_per_call.append(seconds / calls)
+        elif self._trial is not None and loop is self._trial[1]:
+            self._lean_per_call.append(seconds / calls)
+            if len(self._lean_per_call) >= LEAN_TRIAL_BLOCKS:
+                quick_loop = self._trial[0]
+                self._trial = None
+                if not lean_is_faster(self._quick_per_call[-8:], self._lean_per_call):
+                    self._lean_slower = True
+                    self._block_loop = quick_loop
+        return block, loop
 
     def run_segment(
         self,
@@ -442,7 +491,7 @@ class NUTS(_HamiltonianKernel):
                     self._use_lean(block, block_args)
                 else:
                     self._poll_lean()
-                block = self._block_loop(block, *block_args)
+                block, loop = self._run_block(block, block_args)
                 out = block.out._asdict()
                 for c, k in enumerate(block.t.tolist()):
                     if k:
@@ -466,7 +515,7 @@ class NUTS(_HamiltonianKernel):
                     else:  # chains finished different numbers of transitions
                         welford = _welford_per_chain(welford, block_draws)
                 adapt = AdaptState(block.dual_averaging, welford)
-                if self._block_loop.interrupted:
+                if loop.interrupted:
                     raise KeyboardInterrupt  # the finished transitions above are kept
                 remaining = remaining - block.t
                 divergences += int(block.out.diverging[:, :T].sum())
@@ -499,6 +548,22 @@ class NUTS(_HamiltonianKernel):
             z=result.z, potential_energy=result.potential_energy, grad=result.grad
         )
         return new_state, result
+
+
+LEAN_TRIAL_BLOCKS = 2  # blocks the lean loop runs before executor="auto" keeps or drops it
+
+
+def lean_is_faster(quick_per_call: list[float], lean_per_call: list[float]) -> bool:
+    """Whether ``executor="auto"`` keeps the lean loop: its fastest block's time per call
+    against the quick path's recent fastest (minima: the blocks least disturbed by other
+    work on the machine; both loops run the same graph, one call = one leapfrog step).
+
+    Example::
+
+        >>> lean_is_faster([8e-6, 9e-6], [6e-6, 7e-6])
+        True
+    """
+    return min(lean_per_call) < min(quick_per_call)
 
 
 def _block_done(state) -> torch.Tensor:
