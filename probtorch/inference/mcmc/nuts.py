@@ -82,7 +82,9 @@ class NUTSState(NamedTuple):
     ckpt_w: torch.Tensor  # (C, max_depth, D) the same without the leaf before the start
     ckpt_vu: torch.Tensor  # (C, max_depth) start velocity . ckpt_u
     ckpt_vpw: torch.Tensor  # (C, max_depth) velocity of the leaf before . ckpt_w
-    ckpt_first_ok: torch.Tensor  # (C, max_depth) the enclosing subtree's first half is no U-turn
+    # (C, max_depth) > 0 where the enclosing subtree's first half is no U-turn (the smaller
+    # of Stan's two criterion values, kept as a float: Inductor mis-compiles shifted booleans)
+    ckpt_first: torch.Tensor
     # velocities M^{-1} r of the previous leaf and of the checkpointed momenta, kept so that
     # each leapfrog multiplies by the metric for a few momenta only (not 3 * max_depth)
     v_prev: torch.Tensor
@@ -161,7 +163,6 @@ def start_transition(
     false = torch.zeros(C, dtype=torch.bool, device=z.device)
     ckpt = torch.zeros(C, max_depth, D, dtype=z.dtype, device=z.device)
     ckpt_dot = torch.zeros(C, max_depth, dtype=z.dtype, device=z.device)
-    ckpt_ok = torch.zeros(C, max_depth, dtype=torch.bool, device=z.device)
     # .clone(): every state tensor its own buffer (compiled in-place updates need that)
     return NUTSState(
         z.clone(), r.clone(), grad.clone(),
@@ -170,7 +171,7 @@ def start_transition(
         energy0, zeros_c.clone(), r.clone(), long_zeros.clone(), false.clone(),
         long_zeros.clone(), z.clone(), r.clone(), potential_energy.clone(), grad.clone(),
         zeros_c.clone(), zeros_cd.clone(), zeros_cd.clone(), zeros_cd.clone(), r.clone(),
-        ckpt.clone(), ckpt.clone(), ckpt_dot.clone(), ckpt_dot.clone(), ckpt_ok.clone(),
+        ckpt.clone(), ckpt.clone(), ckpt_dot.clone(), ckpt_dot.clone(), ckpt_dot.clone(),
         v.clone(), ckpt.clone(), ckpt.clone(),
         v.clone(), v.clone(), zeros_cd.clone(), zeros_cd.clone(),
         minv_grad.clone(), minv_grad.clone(), minv_grad.clone(), minv_grad.clone(),
@@ -185,7 +186,7 @@ def start_transition(
 WRITTEN_BEFORE_READ = frozenset(
     ("z_sub", "r_sub", "pe_sub", "g_sub", "log_weight_sub", "rho_sub", "r_sub_first", "r_inner")
     + ("energy_sub", "mg_sub")
-    + ("ckpt_u", "ckpt_w", "ckpt_vu", "ckpt_vpw", "ckpt_first_ok", "ckpt_v", "ckpt_v_prev")
+    + ("ckpt_u", "ckpt_w", "ckpt_vu", "ckpt_vpw", "ckpt_first", "ckpt_v", "ckpt_v_prev")
     + ("v_sub_first", "v_inner")
 )
 RESET_FIELDS = tuple(name for name in NUTSState._fields if name not in WRITTEN_BEFORE_READ)
@@ -199,6 +200,11 @@ def _popcount(x: torch.Tensor, bits: int) -> torch.Tensor:
 def _no_uturn(v_minus, v_plus, rho) -> torch.Tensor:
     """Stan's criterion: both ends' velocities point along the momentum sum."""
     return ((v_plus * rho).sum(-1) > 0) & ((v_minus * rho).sum(-1) > 0)
+
+
+def _uturn_margin(v_minus, v_plus, rho) -> torch.Tensor:
+    """The smaller of the two values :func:`_no_uturn` compares with 0 (> 0: no U-turn)."""
+    return torch.minimum((v_plus * rho).sum(-1), (v_minus * rho).sum(-1))
 
 
 def nuts_iteration(
@@ -312,7 +318,7 @@ def nuts_step(
     # update lets the compiled graph write it in place instead of copying it.
     below = (slot - 1).clamp(min=0)
     first_half = rho_sub - ckpt_u[chains, below]
-    ckpt_first_ok = store(s.ckpt_first_ok, _no_uturn(ckpt_v[chains, below], v, first_half))
+    ckpt_first = store(s.ckpt_first, _uturn_margin(ckpt_v[chains, below], v, first_half))
 
     # at odd leaves (where the stores above keep every row: reading the stored buffers lets
     # the compiled graph update them in place instead of copying them), check every
@@ -326,20 +332,20 @@ def nuts_step(
     v_rho = (v * rho_sub).sum(-1, keepdim=True)
     rho_ = rho_sub.unsqueeze(1)
     v_ = v.unsqueeze(1)
+    # (a check is "both values > 0", i.e. their minimum > 0; a NaN fails it either way)
     whole_ok = ((ckpt_v * rho_).sum(-1) > ckpt_vu) & (v_rho > (ckpt_u * v_).sum(-1))
-    second_ok_at_ckpt = ((ckpt_v_prev * rho_).sum(-1) > ckpt_vpw) & (
-        v_rho > (ckpt_w * v_).sum(-1)
+    second_at_ckpt = torch.minimum(
+        (ckpt_v_prev * rho_).sum(-1) - ckpt_vpw, v_rho - (ckpt_w * v_).sum(-1)
     )
-    last_two = r + s.r_prev
-    second_ok_at_leaf = ((s.v_prev * last_two).sum(-1) > 0) & ((v * last_two).sum(-1) > 0)
+    second_at_leaf = _uturn_margin(s.v_prev, v, r + s.r_prev).unsqueeze(-1)
 
-    def next_level(x):  # row i + 1 at row i
+    def next_level(x):  # row i + 1 at row i (the last row is never read: it is at_max there)
         return torch.nn.functional.pad(x[:, 1:], (0, 1))
 
     keeps_going = (
         whole_ok
-        & (at_max | next_level(ckpt_first_ok))
-        & torch.where(at_max, second_ok_at_leaf.unsqueeze(-1), next_level(second_ok_at_ckpt))
+        & (at_max | (next_level(ckpt_first) > 0))
+        & (torch.where(at_max, second_at_leaf, next_level(second_at_ckpt)) > 0)
     )
     checked = (
         (~even).unsqueeze(-1)
@@ -389,7 +395,7 @@ def nuts_step(
         s.energy0, log_weight, rho, depth, s.done | finished,
         torch.where(sub_done, torch.zeros_like(next_leaf), next_leaf),
         z_sub, r_sub, pe_sub, g_sub, log_w_sub, rho_sub, r_sub_first, r_inner, r,
-        ckpt_u, ckpt_w, ckpt_vu, ckpt_vpw, ckpt_first_ok, v, ckpt_v, ckpt_v_prev,
+        ckpt_u, ckpt_w, ckpt_vu, ckpt_vpw, ckpt_first, v, ckpt_v, ckpt_v_prev,
         torch.where(grow_left, v, s.v_left), torch.where(grow_right, v, s.v_right),
         v_sub_first, v_inner,
         torch.where(grow_left, mg, s.mg_left), torch.where(grow_right, mg, s.mg_right),
