@@ -74,10 +74,11 @@ def codegen_options(potential: Potential) -> dict:
     has such a tail unless D is a multiple of 8, and the masked variant is as long as the
     vector body, so this also shortens the C++ source Inductor writes and the compiler
     reads. Per call (4 chains, one core, both compiled in one process and timed
-    alternately, p25): hierarchical regression 78 -> 65 us, 100-d Gaussian diagonal
-    49 -> 42.5, dense 70 -> 63; logistic regression and the SAAS GP unchanged (about 500
-    and 450 us, their time is in the likelihood's library calls and long loops).
-    Compiling logistic regression's step from cold caches: 41 -> 37 s (source 205 -> 171 KB).
+    alternately, p25, both orders where two are given): hierarchical regression 78 -> 68
+    and 77.5 -> 65 us, 100-d Gaussian diagonal 75 -> 66 and 49 -> 42.5, dense 70 -> 63;
+    logistic regression and the SAAS GP unchanged (about 500 and 450 us, their time is in
+    the likelihood's library calls and long loops). Compiling logistic regression's step
+    from cold caches: 41 -> 37 s (source 205 -> 171 KB).
     """
     if potential.largest_numel <= SCALAR_CODE_MAX_NUMEL:
         # No vector ISA has a width of 1 bit, so Inductor picks none. (``cpp.vec_isa_ok=False``
