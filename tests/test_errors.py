@@ -255,3 +255,22 @@ def test_handler_argument_errors():
     with pytest.raises(ValueError, match="'x': obs_mask was given without obs"):
         with trace():
             pt.sample("x", dist.Normal(0.0, 1.0), obs_mask=torch.tensor([True]))
+
+
+def test_torch_validation_sets_and_restores_the_default_and_nests():
+    Distribution = torch.distributions.Distribution
+    before = Distribution._validate_args
+    try:
+        Distribution.set_default_validate_args(True)
+        with torch_validation(False):
+            assert Distribution._validate_args is False
+            with torch_validation(False):  # already off: left alone
+                assert Distribution._validate_args is False
+            assert Distribution._validate_args is False
+            with pytest.raises(RuntimeError), torch_validation(True):
+                assert Distribution._validate_args is True
+                raise RuntimeError
+            assert Distribution._validate_args is False
+        assert Distribution._validate_args is True
+    finally:
+        Distribution.set_default_validate_args(before)

@@ -302,7 +302,33 @@ def test_errors_name_the_site_at_init():
 def test_progress_bar(capsys):
     svi = SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
     svi.run(7, _data(5))
-    assert "loss=" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "loss=" in err and "7/7" in err  # the steps fed between refreshes are all shown
+
+
+def test_bar_feed_refreshes_with_the_mean_loss_since_the_last_refresh():
+    from probtorch.inference.svi import _BarFeed
+
+    class Bar:
+        n, postfix = 0, None
+
+        def update(self, k):
+            self.n += k
+
+        def set_postfix_str(self, text, refresh):
+            self.postfix = text
+
+    bar = Bar()
+    feed = _BarFeed(bar, interval=math.inf)
+    feed.add([1.0])  # the first call refreshes (nothing shown yet)
+    assert (bar.n, bar.postfix) == (1, "loss=1")
+    feed.add([2.0, 4.0])
+    feed.add([6.0])
+    assert bar.n == 1  # held back until the interval has passed
+    feed.flush()
+    assert (bar.n, bar.postfix) == (4, "loss=4")
+    feed.flush()  # nothing new: unchanged
+    assert (bar.n, bar.postfix) == (4, "loss=4")
 
 
 def test_autonormal_guide():

@@ -55,12 +55,13 @@ STAT_NAMES = (
 
 
 # Models whose largest tensor per chain has at most this many elements get scalar C++:
-# Inductor vectorizes loops of a few elements with masked tail loads, which made the
-# NUTS step of eight schools (10 dims, 8 observations) 2.2x slower than scalar code
-# (17.9 against 8.1 us per 4-chain step on the lean executor, one core). From about a
-# hundred elements vectorized code is as fast (the 100-d Gaussian: 89 / 88 us) and then
-# faster (hierarchical regression, 919 observations: 46 / 56 us; logistic regression,
-# 5000: 188 / 509 us).
+# their loops are a few elements long, and vectorized code pays the setup of a vector loop
+# and its tail on each. Eight schools (10 dims, 8 observations), 4 chains, one core, p25
+# per quick call in one process, alternating: scalar code 5.6-6.0 us, vectorized with
+# scalar tails (``codegen_options``' choice for larger models) 9.8 us, vectorized with
+# Inductor's masked tails 14.9 us. From about a hundred elements vectorized code is as
+# fast (the 100-d Gaussian: 89 / 88 us on the lean executor) and then faster (hierarchical
+# regression, 919 observations: 46 / 56 us; logistic regression, 5000: 188 / 509 us).
 SCALAR_CODE_MAX_NUMEL = 64
 
 
