@@ -73,6 +73,23 @@ def timed_into(intervals: list, cpu: list | None = None):
     return timed
 
 
+def jax_compile_intervals() -> list:
+    """A list that JAX fills with the ``(start, end)`` wall times of its tracing, lowering
+    and XLA compilation from now on (its compile events report durations; nested traces
+    overlap, so callers take the union)."""
+    from jax import monitoring
+
+    intervals = []
+
+    def on_event(name, duration, **kwargs):
+        if name.startswith("/jax/core/compile/"):
+            end = time.perf_counter()
+            intervals.append((end - duration, end))
+
+    monitoring.register_event_duration_secs_listener(on_event)
+    return intervals
+
+
 def worker_env(cold_cache: str | None) -> dict:
     """One thread for torch, BLAS and XLA; ``cold_cache``: an empty compile-cache dir."""
     env = dict(os.environ)

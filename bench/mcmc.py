@@ -43,7 +43,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import RESULT_TAG, XLA_FLAGS, cpu_seconds, environment, spawn, timed_into
+from harness import (
+    RESULT_TAG,
+    XLA_FLAGS,
+    cpu_seconds,
+    environment,
+    jax_compile_intervals,
+    spawn,
+    timed_into,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -483,7 +491,6 @@ def _union_length(intervals: list, lo: float, hi: float) -> float:
 def run_numpyro(model, cfg):
     import jax
     import numpyro
-    from jax import monitoring
 
     # Synchronous dispatch (also set as JAX_CPU_ENABLE_ASYNC_DISPATCH by spawn): otherwise
     # the sequential chain method traces and compiles chain k+1 while chain k still runs
@@ -492,14 +499,7 @@ def run_numpyro(model, cfg):
 
     # JAX reports tracing, lowering and XLA compilation as durations: keep them as
     # intervals (nested traces overlap) to take compilation out of the sampling phase.
-    compiles = []
-
-    def on_event(name, duration, **kwargs):
-        if name.startswith("/jax/core/compile/"):
-            end = time.perf_counter()
-            compiles.append((end - duration, end))
-
-    monitoring.register_event_duration_secs_listener(on_event)
+    compiles = jax_compile_intervals()
 
     numpyro.enable_x64()
     from numpyro.infer import MCMC, NUTS

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import XLA_FLAGS, environment
+from harness import XLA_FLAGS, environment, jax_compile_intervals
 
 HERE = Path(__file__).resolve().parent
 
@@ -80,19 +80,11 @@ def _setup_numpyro(model: str, num_warmup: int, num_samples: int, num_chains: in
     import jax
     import mcmc as bench
     import numpyro
-    from jax import monitoring
     from numpyro.infer import MCMC, NUTS
 
     numpyro.enable_x64()
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    compiles = []
-
-    def on_event(name, duration, **kwargs):
-        if name.startswith("/jax/core/compile/"):
-            end = time.perf_counter()
-            compiles.append((end - duration, end))
-
-    monitoring.register_event_duration_secs_listener(on_event)
+    compiles = jax_compile_intervals()
     opts = bench.MODEL_OPTS[model]
     kw = {"dense_mass": opts["dense_mass"], "max_tree_depth": opts["max_tree_depth"]}
     fn, args = bench.numpyro_model(model, bench.make_data(model))

@@ -53,7 +53,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import RESULT_TAG, XLA_FLAGS, cpu_seconds, environment, spawn, timed_into
+from harness import (
+    RESULT_TAG,
+    XLA_FLAGS,
+    cpu_seconds,
+    environment,
+    jax_compile_intervals,
+    spawn,
+    timed_into,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -303,20 +311,12 @@ def run_numpyro(model: str, cfg: dict) -> dict:
     import jax.numpy as jnp
     import numpyro
     import numpyro.distributions as dist
-    from jax import monitoring
     from numpyro.infer import SVI, Trace_ELBO
     from numpyro.infer.autoguide import AutoNormal
     from numpyro.infer.initialization import init_to_value
 
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    compiles = []
-
-    def on_event(name, duration, **kwargs):
-        if name.startswith("/jax/core/compile/"):
-            end = time.perf_counter()
-            compiles.append((end - duration, end))
-
-    monitoring.register_event_duration_secs_listener(on_event)
+    compiles = jax_compile_intervals()
     data = {k: jnp.asarray(v) for k, v in make_data(model).items()}
     t0, c0 = time.perf_counter(), _cpu()
     if model == "logreg":
