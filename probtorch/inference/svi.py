@@ -240,7 +240,7 @@ def _never() -> bool:
 class _BarFeed:
     """Feeds a tqdm bar the steps done and their mean loss at most every ``interval``
     seconds: updating it and formatting the loss after every block cost about 15 us per
-    block, half a logistic-regression step at one step per block."""
+    block, a sixth of a logistic-regression step at one step per block."""
 
     def __init__(self, bar, interval: float = 0.1):
         self.bar = bar
