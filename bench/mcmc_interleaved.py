@@ -1,4 +1,4 @@
-"""Sampling speed of probtorch and NumPyro, measured in one process, runs interleaved.
+"""Sampling speed of probtorch and NumPyro, their runs taking turns on one core.
 
 bench/mcmc.py runs every library in its own fresh process (cold compile caches, the
 honest time to result), one run each; on a shared 2-core machine such single runs move by
