@@ -10,9 +10,10 @@ alternates their sampling phases for ``--rounds`` rounds: each round runs probto
 then NumPyro (the order swaps every round), each continuing from its own post-warmup state
 with a new seed, so the two runs of a round are seconds apart on the same core. It reports,
 per round and as medians: gradient evaluations per second, min bulk ESS, ESS/s, and the
-paired ratios (probtorch / NumPyro) of one round's two runs. (Both libraries in one
-process measured probtorch's diagonal Gaussian at 55k gradients/s against 87k alone: each
-library's runs disturb the other's in one process.)
+paired ratios (probtorch / NumPyro) of one round's two runs. (A first version ran both
+libraries in one process: the diagonal Gaussian's medians were 55k gradients/s for probtorch
+and 106k for NumPyro there, against 89k and 120k in two processes a quarter of an hour
+later, so both were slower in one process, probtorch more.)
 
 Compile time and time to result are not measured here (bench/mcmc.py does); compilation
 inside a timed NumPyro run (its sampling loop is traced again per run) is taken out with
