@@ -87,12 +87,14 @@ def compile_graph(
     :meth:`BufferPool.start`."""
     from torch._inductor.codecache import PyCodeCache
 
+    from .combined_kernels import combined_cpp_kernels
     from .compile import note_direct_compile
 
     loaded = len(PyCodeCache.modules)
-    compiled = torch._inductor.standalone_compile(
-        gm, example, dynamic_shapes="from_example_inputs", options=options
-    )
+    with combined_cpp_kernels():
+        compiled = torch._inductor.standalone_compile(
+            gm, example, dynamic_shapes="from_example_inputs", options=options
+        )
     note_direct_compile()
     module = generated_module(PyCodeCache.modules[loaded:])
     pool = BufferPool.attach(module) if pool_buffers else None

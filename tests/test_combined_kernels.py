@@ -1,0 +1,71 @@
+"""Inductor's C++ kernels of one generated module built as one library when Inductor has
+one compile thread: same results bit for bit, one library, patch removed afterwards."""
+
+import pytest
+import torch
+from torch._inductor import config
+from torch._inductor.async_compile import AsyncCompile
+from torch._inductor.codecache import PyCodeCache
+from torch._inductor.utils import fresh_cache
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from probtorch.inference.combined_kernels import _PRELUDE, combined_cpp_kernels, combined_source
+from probtorch.inference.generated_call import _is_kernel, generated_module
+
+
+def _split_by_a_solve(x, scale_tril):
+    """Two C++ kernels: one before the triangular solve (a library call), one after."""
+    y = torch.tanh(x) * 2.0
+    z = torch.linalg.solve_triangular(scale_tril, y.unsqueeze(-1), upper=False).squeeze(-1)
+    return ((torch.exp(-z.abs()) + y).sum(-1),)
+
+
+def _inputs():
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(4, 5, 5, generator=gen, dtype=torch.float64)
+    scale_tril = torch.linalg.cholesky(a @ a.mT + 5 * torch.eye(5, dtype=torch.float64))
+    return [torch.randn(4, 5, generator=gen, dtype=torch.float64), scale_tril]
+
+
+def _compile(threads: int):
+    """The graph compiled from empty caches with ``threads`` compile threads inside
+    :func:`combined_cpp_kernels`: its result and the generated module's kernels."""
+    inputs = _inputs()
+    gm = make_fx(_split_by_a_solve)(*inputs)
+    with fresh_cache(), config.patch(compile_threads=threads), combined_cpp_kernels():
+        loaded = len(PyCodeCache.modules)
+        compiled = torch._inductor.standalone_compile(
+            gm, inputs, dynamic_shapes="from_example_inputs"
+        )
+        module = generated_module(PyCodeCache.modules[loaded:])
+    kernels = [value for name, value in vars(module).items() if _is_kernel(name, value)]
+    return compiled(*inputs), kernels
+
+
+def test_one_compile_thread_builds_the_kernels_as_one_library_with_the_same_results():
+    original = (AsyncCompile.cpp_pybinding, AsyncCompile.wait)
+    combined, kernels = _compile(threads=1)
+    separate, separate_kernels = _compile(threads=2)
+    assert (AsyncCompile.cpp_pybinding, AsyncCompile.wait) == original  # patch removed
+    assert len(kernels) == len(separate_kernels) >= 2
+    assert len({id(k.__self__) for k in kernels}) == 1  # one library
+    assert len({id(k.__self__) for k in separate_kernels}) == len(separate_kernels)
+    assert torch.equal(combined[0], separate[0])
+    torch.testing.assert_close(combined[0], _split_by_a_solve(*_inputs())[0])
+
+
+def test_combined_source_refuses_what_it_cannot_bind():
+    kernel = _PRELUDE + '\nextern "C" void kernel(double* out, int64_t n) { out[0] = n; }'
+    code = combined_source([["double*", "int64_t"]] * 2, [kernel, kernel])
+    assert code.count("void kernel(") == 2 and 'extern "C" void kernel' not in code
+    with_macro = _PRELUDE + '\n#define N 3\nextern "C" void kernel(double* out) { }'
+    assert combined_source([["double*"]] * 2, [kernel, with_macro]) is None
+    assert combined_source([["double*"], ["at::Half"]], [kernel, kernel]) is None
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_the_switch_turns_it_off(monkeypatch, value):
+    monkeypatch.setenv("PROBTORCH_COMBINE_KERNELS", value)
+    original = AsyncCompile.cpp_pybinding
+    with combined_cpp_kernels():
+        assert AsyncCompile.cpp_pybinding is original
