@@ -1,19 +1,23 @@
-"""Build all C++ kernels of one Inductor-generated module as one shared library.
+"""Build the small C++ kernels of one Inductor-generated module as one shared library.
 
 Inductor compiles every C++ kernel of a graph into a library of its own. Each build pays
 a fixed cost besides its code: g++ loads the 130 MB precompiled header of Inductor's C++
-prelude and links a shared object, about 1.3 s per kernel on this project's machines
-however small the kernel. A NUTS step whose model calls library routines (matrix
-products, Cholesky factorizations, triangular solves) is split by them into several
-kernels: logistic regression's step has 3, the SAAS GP's 7. With one compile thread
-(one core, or ``TORCHINDUCTOR_COMPILE_THREADS=1``) Inductor builds them one after the
-other, so those fixed costs add up; :func:`combined_cpp_kernels` makes the kernels of a
-module one translation unit instead (each kernel in a namespace of its own, one Python
-binding per kernel), built once. The kernels' code and flags are Inductor's, unchanged.
+prelude (about 1.2 s however small the kernel, on this project's machines) and links a
+shared object (0.25 s). A NUTS step whose model calls library routines (matrix products,
+Cholesky factorizations, triangular solves) is split by them into several kernels:
+logistic regression's step has 3, the SAAS GP's 7. With one compile thread (one core, or
+``TORCHINDUCTOR_COMPILE_THREADS=1``) Inductor builds them one after the other, so those
+fixed costs add up. Inside :func:`combined_cpp_kernels` the largest kernel of a module is
+built alone, as Inductor builds it, and the others as one translation unit (each kernel
+in a namespace of its own, one Python binding per kernel). The kernels' code and flags are
+Inductor's. The largest kernel stays alone because g++ inlines differently in a larger
+unit: with a small kernel beside it, the 100-d Gaussian's NUTS kernel called a mask cast
+through the PLT 33 times instead of inlining it (4 KB more code); small kernels built
+together compiled to the same machine code as built alone.
 
 With more compile threads Inductor builds the kernels in parallel, and the fixed costs
-overlap; there (and for a module with one kernel) nothing changes. Whatever this module
-cannot handle is built the usual way.
+overlap; there (and for a module with fewer than three kernels) nothing changes. Whatever
+this module cannot handle is built the usual way.
 """
 
 from __future__ import annotations
@@ -80,15 +84,20 @@ def _separately(argtypes: list[list[str]], sources: list[str]) -> list[Callable]
 
 
 def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
-    if len(sources) < 2:
-        return _separately(argtypes, sources)
-    code = combined_source(argtypes, sources)
-    if code is None:
+    """The kernels: the largest built alone, the others as one library (module docstring)."""
+    largest = max(range(len(sources)), key=lambda i: len(sources[i]))
+    rest = [i for i in range(len(sources)) if i != largest]
+    code = combined_source([argtypes[i] for i in rest], [sources[i] for i in rest])
+    if len(rest) < 2 or code is None:
         return _separately(argtypes, sources)
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
+    kernels: list = [None] * len(sources)
+    kernels[largest] = _separately([argtypes[largest]], [sources[largest]])[0]
     module = CppPythonBindingsCodeCache.load_async(code, "cpu")()
-    return [getattr(module, f"kernel_{i}") for i in range(len(sources))]
+    for position, i in enumerate(rest):
+        kernels[i] = getattr(module, f"kernel_{position}")
+    return kernels
 
 
 def _argument(argtype: str, n: int) -> str | None:
@@ -222,8 +231,9 @@ def _uninstall() -> None:
 @contextlib.contextmanager
 def combined_cpp_kernels() -> Iterator[None]:
     """Inside, the C++ kernels of each module Inductor generates (or loads from its
-    cache) are built as one library when Inductor has one compile thread (see the module
-    docstring). Reentrant; the patch on Inductor's ``AsyncCompile`` is removed on exit.
+    cache), all but the largest, are built as one library when Inductor has one compile
+    thread (see the module docstring). Reentrant; the patch on Inductor's ``AsyncCompile``
+    is removed on exit.
 
     Example::
 
