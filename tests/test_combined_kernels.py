@@ -74,3 +74,15 @@ def test_the_switch_turns_it_off(monkeypatch, value):
     original = AsyncCompile.cpp_pybinding
     with combined_cpp_kernels():
         assert AsyncCompile.cpp_pybinding is original
+
+
+def test_a_combined_unit_that_fails_to_build_falls_back_to_one_library_per_kernel(monkeypatch):
+    from probtorch.inference import combined_kernels
+
+    def broken(argtypes, sources):
+        return combined_source(argtypes, sources) + "\nthis is not C++;\n"
+
+    monkeypatch.setattr(combined_kernels, "combined_source", broken)
+    result, kernels = _compile(threads=1)
+    assert len({id(k.__self__) for k in kernels}) == len(kernels) >= 3
+    torch.testing.assert_close(result[0], _split_by_solves(*_inputs())[0])

@@ -92,11 +92,15 @@ def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
         return _separately(argtypes, sources)
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
+    try:
+        module = CppPythonBindingsCodeCache.load_async(code, "cpu")()
+        combined = [getattr(module, f"kernel_{position}") for position in range(len(rest))]
+    except Exception:  # noqa: BLE001 - g++ or the loader refused the combined unit
+        return _separately(argtypes, sources)
     kernels: list = [None] * len(sources)
     kernels[largest] = _separately([argtypes[largest]], [sources[largest]])[0]
-    module = CppPythonBindingsCodeCache.load_async(code, "cpu")()
     for position, i in enumerate(rest):
-        kernels[i] = getattr(module, f"kernel_{position}")
+        kernels[i] = combined[position]
     return kernels
 
 
