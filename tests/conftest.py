@@ -13,8 +13,8 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".cache" / "inductor
 # model the suite samples; tests run the quick path unless they ask for another executor.
 os.environ.setdefault("PROBTORCH_EXECUTOR", "quick")
 # Two pytest workers share the two cores: one Inductor compile thread each. With one compile
-# thread probtorch builds a graph's C++ kernels as one library (combined_kernels.py), so the
-# suite runs that path.
+# thread probtorch builds a graph's small C++ kernels as one library (combined_kernels.py),
+# so the suite runs that path.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")
 

@@ -28,13 +28,14 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 
+from .compile import _FALSE
+
 __all__ = ["combined_cpp_kernels", "combined_source"]
 
 _PRELUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
 _ENTRY = re.compile(r'extern\s+"C"\s+void\s+kernel\(')
 _SCALARS = {"int64_t": "PyLong_AsLongLong", "long": "PyLong_AsLong"}
 
-_FALSE = {"0", "false", "no", "off"}
 _lock = threading.Lock()
 _depth = 0
 _original: tuple[Callable, Callable] | None = None
@@ -87,8 +88,10 @@ def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
     """The kernels: the largest built alone, the others as one library (module docstring)."""
     largest = max(range(len(sources)), key=lambda i: len(sources[i]))
     rest = [i for i in range(len(sources)) if i != largest]
+    if len(rest) < 2:
+        return _separately(argtypes, sources)
     code = combined_source([argtypes[i] for i in rest], [sources[i] for i in rest])
-    if len(rest) < 2 or code is None:
+    if code is None:
         return _separately(argtypes, sources)
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
