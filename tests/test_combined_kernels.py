@@ -1,6 +1,8 @@
 """Inductor's small C++ kernels of one generated module built as one library when Inductor
 has one compile thread (the largest alone): same results bit for bit, patch removed after."""
 
+import sys
+
 import pytest
 import torch
 from torch._inductor import config
@@ -86,3 +88,12 @@ def test_a_combined_unit_that_fails_to_build_falls_back_to_one_library_per_kerne
     result, kernels = _compile(threads=1)
     assert len({id(k.__self__) for k in kernels}) == len(kernels) >= 3
     torch.testing.assert_close(result[0], _split_by_solves(*_inputs())[0])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built on Linux only")
+def test_the_combined_unit_brings_the_direct_blas_calls(monkeypatch):
+    from probtorch.inference import library_kernels
+
+    monkeypatch.setattr(library_kernels, "_trsm", {})
+    _compile(threads=1)
+    assert set(library_kernels._trsm) == {torch.float64, torch.float32}

@@ -15,9 +15,13 @@ unit: with a small kernel beside it, the 100-d Gaussian's NUTS kernel called a m
 through the PLT 33 times instead of inlining it (4 KB more code); small kernels built
 together compiled to the same machine code as built alone.
 
+On Linux the unit also holds :mod:`.library_kernels`' direct BLAS calls (a few small
+functions), which replayed NUTS calls then use for their triangular solves; a module of
+two kernels is built as the largest alone and the other with those functions.
+
 With more compile threads Inductor builds the kernels in parallel, and the fixed costs
-overlap; there (and for a module with fewer than three kernels) nothing changes. Whatever
-this module cannot handle is built the usual way.
+overlap; there (and for a module of one kernel) nothing changes. Whatever this module
+cannot handle is built the usual way.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
+from . import library_kernels
 from .compile import _FALSE
 
 __all__ = ["combined_cpp_kernels", "combined_source"]
@@ -88,9 +94,13 @@ def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
     """The kernels: the largest built alone, the others as one library (module docstring)."""
     largest = max(range(len(sources)), key=lambda i: len(sources[i]))
     rest = [i for i in range(len(sources)) if i != largest]
-    if len(rest) < 2:
+    library = library_kernels.SOURCES if sys.platform.startswith("linux") else []
+    if len(rest) + bool(rest) * len(library) < 2:
         return _separately(argtypes, sources)
-    code = combined_source([argtypes[i] for i in rest], [sources[i] for i in rest])
+    code = combined_source(
+        [argtypes[i] for i in rest] + [types for types, _ in library],
+        [sources[i] for i in rest] + [source for _, source in library],
+    )
     if code is None:
         return _separately(argtypes, sources)
     from torch._inductor.codecache import CppPythonBindingsCodeCache
@@ -98,8 +108,11 @@ def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
     try:
         module = CppPythonBindingsCodeCache.load_async(code, "cpu")()
         combined = [getattr(module, f"kernel_{position}") for position in range(len(rest))]
+        functions = [getattr(module, f"kernel_{len(rest) + k}") for k in range(len(library))]
     except Exception:  # noqa: BLE001 - g++ or the loader refused the combined unit
         return _separately(argtypes, sources)
+    if functions:
+        library_kernels.register(functions)
     kernels: list = [None] * len(sources)
     kernels[largest] = _separately([argtypes[largest]], [sources[largest]])[0]
     for position, i in enumerate(rest):

@@ -529,9 +529,11 @@ class CallTape:
                 calls.append(_kernel_call(step[1], settled, value))
                 continue
             if op_index in fixed:
-                overload, names, _, binding = step[4]
+                overload, names, _, binding, direct = step[4]
                 outs = dict(zip(names, fixed[op_index]))
-                calls.append(_library_call_out(overload, settled, step[3], value, outs, binding))
+                calls.append(
+                    _library_call_out(overload, settled, step[3], value, outs, binding, direct)
+                )
             else:
                 calls.append(_library_call(step[5] or step[1], settled, step[3], value))
             op_index += 1
@@ -612,11 +614,12 @@ def _library_call(func, settled: list, spec, value) -> Callable[[list], None]:
 
 
 def _out_plan(func, args, kwargs, result) -> tuple | None:
-    """``(out overload, its out argument names, [(size, stride, dtype, device)], binding)``
-    for a library call whose ``out=`` overload writes ``result`` bit for bit into buffers of
-    ``result``'s layout (tried once, here); ``binding``: the faster :func:`_out_binding` or
-    None. None for anything else: calls that mutate or alias their inputs, draw random
-    numbers, or return non-tensors."""
+    """``(out overload, its out argument names, [(size, stride, dtype, device)], binding,
+    direct)`` for a library call whose ``out=`` overload writes ``result`` bit for bit into
+    buffers of ``result``'s layout (tried once, here); ``binding``: the faster
+    :func:`_out_binding` or None; ``direct``: :func:`_direct_library_call` or None. None
+    for anything else: calls that mutate or alias their inputs, draw random numbers, or
+    return non-tensors."""
     schema = getattr(func, "_schema", None)
     if schema is None or schema.is_mutable or any(r.alias_info for r in schema.returns):
         return None
@@ -642,9 +645,41 @@ def _out_plan(func, args, kwargs, result) -> tuple | None:
             continue
         if same:
             metas = [(tuple(t.shape), t.stride(), t.dtype, t.device) for t in results]
-            return overload, names, metas, _out_binding(overload, names, args, kwargs, results)
+            binding = _out_binding(overload, names, args, kwargs, results)
+            direct = _direct_library_call(func, args, kwargs, results)
+            return overload, names, metas, binding, direct
         return None
     return None
+
+
+def _direct_library_call(func, args, kwargs, results) -> Callable | None:
+    """A function ``(args, kwargs, outs) -> call of no arguments`` that makes the library
+    call through :mod:`.library_kernels` into ``outs``, where it wrote ``results`` bit for
+    bit into fresh buffers of their layout (tried once, here); else None."""
+    from . import library_kernels
+
+    if func is not torch.ops.aten.linalg_solve_triangular.default or len(results) != 1:
+        return None
+    names = [a.name for a in func._schema.arguments]
+
+    def make(args, kwargs, outs):
+        given = {**dict(zip(names, args)), **kwargs}
+        return library_kernels.direct_solve_triangular(
+            given["self"],
+            given["B"],
+            outs[0],
+            upper=given["upper"],
+            left=given.get("left", True),
+            unitriangular=given.get("unitriangular", False),
+        )
+
+    def into(buffers):
+        call = make(args, kwargs, buffers)
+        if call is None:
+            raise TypeError("no direct call for these arguments")
+        call()
+
+    return make if _writes_bit_for_bit(into, results) else None
 
 
 _BINDING_MODULES = ("_VariableFunctions", "_linalg", "_nn", "_special", "_fft")
@@ -735,17 +770,27 @@ def _writes_bit_for_bit(call: Callable[[tuple], object], results) -> bool | None
 
 
 def _library_call_out(
-    overload, settled: list, spec, value, outs: dict, binding: Callable | None = None
+    overload,
+    settled: list,
+    spec,
+    value,
+    outs: dict,
+    binding: Callable | None = None,
+    direct: Callable | None = None,
 ) -> Callable:
     """:func:`_library_call` through the ``out=`` overload into the fixed ``outs`` (through
-    its Python ``binding`` where given: the same call, with ``out=`` a tuple for several)."""
+    its Python ``binding`` where given: the same call, with ``out=`` a tuple for several;
+    through ``direct`` (:func:`_direct_library_call`) where given and every argument is
+    known when binding)."""
     results = tuple(outs.values())
     if binding is not None:
         outs = {"out": results if len(results) > 1 else results[0]}
         overload = binding
     if all(p[0] == "s" for p in settled):
         args, kwargs = pytree.tree_unflatten([p[1] for p in settled], spec)
-        bound = functools.partial(overload, *args, **kwargs, **outs)
+        bound = direct(args, kwargs, results) if direct is not None else None
+        if bound is None:
+            bound = functools.partial(overload, *args, **kwargs, **outs)
 
         def call(slots):
             bound()

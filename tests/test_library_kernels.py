@@ -1,0 +1,113 @@
+"""Triangular solves straight through BLAS (library_kernels.py): the same results as
+torch's solve for every layout they take, refused for what they cannot read, and used by
+replayed NUTS calls where they give torch's bits."""
+
+import pytest
+import torch
+from torch._inductor.codecache import CppPythonBindingsCodeCache
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from probtorch.inference import generated_call, library_kernels
+from probtorch.inference.combined_kernels import combined_source
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """The functions built and registered as a combined unit registers them."""
+    types, sources = zip(*library_kernels.SOURCES)
+    module = CppPythonBindingsCodeCache.load_async(combined_source(types, sources), "cpu")()
+    library_kernels.register([getattr(module, f"kernel_{i}") for i in range(len(sources))])
+    assert set(library_kernels._trsm) == {torch.float64, torch.float32}
+
+
+def _triangular(n, upper, dtype, gen, batch=()):
+    a = torch.randn(*batch, n, n, generator=gen, dtype=torch.float64)
+    factor = torch.linalg.cholesky(a @ a.mT + n * torch.eye(n, dtype=torch.float64))
+    return (factor.mT if upper else factor).to(dtype)
+
+
+def _solve(A, B, **kw):
+    expected = torch.linalg.solve_triangular(A, B, **kw)
+    out = torch.empty_strided(expected.shape, expected.stride(), dtype=expected.dtype)
+    call = library_kernels.direct_solve_triangular(A, B, out, **kw)
+    assert call is not None
+    call()
+    return expected, out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("upper", [False, True])
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("row_major", [True, False])
+@pytest.mark.parametrize("unitriangular", [False, True])
+def test_direct_solve_gives_torchs_result(dtype, upper, left, row_major, unitriangular):
+    gen = torch.Generator().manual_seed(0)
+    A = _triangular(7, upper, dtype, gen)
+    A = A.contiguous() if row_major else A.mT.contiguous().mT
+    B = torch.randn(7, 3, generator=gen, dtype=dtype)
+    B = B if left else B.mT
+    expected, out = _solve(A, B, upper=upper, left=left, unitriangular=unitriangular)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(out, expected, rtol=0, atol=tolerance)
+    if left:  # how the NUTS steps of Gaussian models call it: torch's own BLAS call
+        assert generated_call._bitwise_equal(out, expected)
+
+
+def test_direct_solve_broadcasts_batches_and_reads_strided_right_hand_sides():
+    gen = torch.Generator().manual_seed(1)
+    A = _triangular(5, False, torch.float64, gen, batch=(2, 1))  # one factor per outer entry
+    B = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64)[:, ::2].mT  # (3, 5, 2)
+    expected, out = _solve(A, B.expand(2, 3, 5, 2), upper=False)
+    assert generated_call._bitwise_equal(out, expected)
+    # a single factor for a batch: torch may solve the batch as one right-hand side matrix
+    # (other bits; the replay then keeps torch's call)
+    A = _triangular(5, True, torch.float64, gen)
+    expected, out = _solve(A, torch.randn(4, 5, 1, generator=gen, dtype=torch.float64), upper=True)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+
+def test_direct_solve_refuses_what_blas_cannot_read():
+    solve = library_kernels.direct_solve_triangular
+    A = _triangular(4, False, torch.float64, torch.Generator().manual_seed(2))
+    B = torch.ones(4, 2, dtype=torch.float64)
+    column_major = torch.empty(2, 4, dtype=torch.float64).mT
+    assert solve(A, B, column_major, upper=False) is not None
+    assert solve(A, B, torch.empty(4, 2, dtype=torch.float64), upper=False) is None  # row-major out
+    strided = torch.empty(8, 8, dtype=torch.float64)[::2, ::2]  # neither row nor column major
+    assert solve(strided, B, column_major, upper=False) is None
+    assert solve(A.float(), B, column_major, upper=False) is None  # mixed dtypes
+    assert solve(A, B, torch.empty(2, 3, dtype=torch.float64).mT, upper=False) is None
+    assert solve(A.to(torch.complex128), B.to(torch.complex128),
+                 column_major.to(torch.complex128), upper=False) is None  # fmt: skip
+
+
+def _step(x, scale_tril):
+    """A step with a solve between two kernels, as a Gaussian model's gradient makes."""
+    y = torch.tanh(x) + 1.0
+    z = torch.linalg.solve_triangular(scale_tril, y.mT, upper=False)
+    x.copy_(x + 0.1 * torch.linalg.solve_triangular(scale_tril.mT, z, upper=True).mT)
+    return (x.sum(),)
+
+
+def test_replayed_call_solves_through_blas_with_the_generated_codes_bits(monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    scale_tril = _triangular(6, False, torch.float64, gen)
+    runs = {}
+    for direct in (True, False):
+        if not direct:
+            monkeypatch.setattr(library_kernels, "direct_solve_triangular", lambda *a, **k: None)
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+        gm = make_fx(_step)(x.clone(), scale_tril)
+        call, pool = generated_call.compile_graph(
+            gm, [x.clone(), scale_tril], {}, written=[0], pool_buffers=True, replay=True
+        )
+        tape = call.bind.__self__
+        solves = [s for s in tape._steps if s[0] == "op" and "solve" in str(s[1])]
+        assert len(solves) == 2 and all((s[4][4] is not None) == direct for s in solves)
+        run = call.bind([x, scale_tril])
+        runs[direct] = [run()[0].clone() for _ in range(3)], x.clone()
+    assert generated_call._bitwise_equal(runs[True], runs[False])
+    y = torch.randn(4, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    for _ in range(3):
+        _step(y, scale_tril)
+    torch.testing.assert_close(runs[True][1], y)
