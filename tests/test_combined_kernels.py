@@ -81,8 +81,8 @@ def test_the_switch_turns_it_off(monkeypatch, value):
 def test_a_combined_unit_that_fails_to_build_falls_back_to_one_library_per_kernel(monkeypatch):
     from probtorch.inference import combined_kernels
 
-    def broken(argtypes, sources):
-        return combined_source(argtypes, sources) + "\nthis is not C++;\n"
+    def broken(argtypes, sources, **kwargs):
+        return combined_source(argtypes, sources, **kwargs) + "\nthis is not C++;\n"
 
     monkeypatch.setattr(combined_kernels, "combined_source", broken)
     result, kernels = _compile(threads=1)

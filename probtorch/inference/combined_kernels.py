@@ -27,13 +27,14 @@ cannot handle is built the usual way.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
 
-from . import library_kernels
+from . import call_program, library_kernels
 from .compile import _FALSE
 
 __all__ = ["combined_cpp_kernels", "combined_source"]
@@ -94,12 +95,15 @@ def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
     """The kernels: the largest built alone, the others as one library (module docstring)."""
     largest = max(range(len(sources)), key=lambda i: len(sources[i]))
     rest = [i for i in range(len(sources)) if i != largest]
-    library = library_kernels.SOURCES if sys.platform.startswith("linux") else []
+    linux = sys.platform.startswith("linux")
+    library = [*library_kernels.SOURCES, *call_program.SOURCES] if linux else []
     if len(rest) + bool(rest) * len(library) < 2:
         return _separately(argtypes, sources)
+    arities = {len(types) for types in argtypes} | {len(types) for types, _ in library}
     code = combined_source(
         [argtypes[i] for i in rest] + [types for types, _ in library],
         [sources[i] for i in rest] + [source for _, source in library],
+        extra=call_program.callers_source(arities) if library else "",
     )
     if code is None:
         return _separately(argtypes, sources)
@@ -111,13 +115,33 @@ def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
         functions = [getattr(module, f"kernel_{len(rest) + k}") for k in range(len(library))]
     except Exception:  # noqa: BLE001 - g++ or the loader refused the combined unit
         return _separately(argtypes, sources)
-    if functions:
-        library_kernels.register(functions)
     kernels: list = [None] * len(sources)
     kernels[largest] = _separately([argtypes[largest]], [sources[largest]])[0]
     for position, i in enumerate(rest):
         kernels[i] = combined[position]
+    if functions:
+        trsm = len(library_kernels.SOURCES)
+        library_kernels.register(functions[:trsm])
+        call_program.register(functions[trsm:])
+        call_program.register_callers(module.__file__, arities)
+        _note_entries(module, kernels[largest], argtypes[largest], combined + functions,
+                      [argtypes[i] for i in rest] + [types for types, _ in library])  # fmt: skip
     return kernels
+
+
+def _note_entries(module, largest, largest_types, functions, types) -> None:
+    """Tell :mod:`.call_program` which C functions the kernels' bindings call."""
+    address = call_program.library_address(largest, "kernel")
+    if address:
+        call_program.note_entry(largest, address, largest_types)
+    try:
+        library = ctypes.CDLL(module.__file__)
+        table = (ctypes.c_void_p * len(functions)).in_dll(library, "probtorch_kernel_addresses")
+    except (OSError, ValueError, AttributeError):
+        return
+    for function, argtypes, address in zip(functions, types, table):
+        if address:
+            call_program.note_entry(function, address, argtypes)
 
 
 def _argument(argtype: str, n: int) -> str | None:
@@ -129,11 +153,12 @@ def _argument(argtype: str, n: int) -> str | None:
     return None
 
 
-def combined_source(argtypes: list[list[str]], sources: list[str]) -> str | None:
+def combined_source(argtypes: list[list[str]], sources: list[str], extra: str = "") -> str | None:
     """One C++ source for Inductor's kernel ``sources`` (each defining ``extern "C" void
     kernel(...)`` with the argument types ``argtypes``) and a Python module ``kernel`` whose
     function ``kernel_i`` calls the i-th, as Inductor's own binding of one kernel does;
-    None where a source is not of that form.
+    None where a source is not of that form. The kernels' addresses are exported as
+    ``probtorch_kernel_addresses``; ``extra``: more C++ (at file scope).
 
     Example::
 
@@ -163,6 +188,11 @@ def combined_source(argtypes: list[list[str]], sources: list[str]) -> str | None
             "    }\n    Py_RETURN_NONE;\n}"
         )
         methods.append(f'    {{"kernel_{i}", kernel_{i}_py, METH_VARARGS, ""}},')
+    addresses = ", ".join(
+        f"reinterpret_cast<void*>(&probtorch_kernel_{i}::kernel)" for i in range(len(sources))
+    )
+    parts.append(f'extern "C" void* probtorch_kernel_addresses[] = {{{addresses}}};')
+    parts.append(extra)
     parts.append(_BINDING_HEAD)
     parts.extend(bindings)
     parts.append(

@@ -34,6 +34,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import call_program
+
 __all__ = [
     "BufferPool",
     "CallTape",
@@ -392,6 +394,7 @@ class CallTape:
         self.num_kernels = sum(step[0] == "k" for step in steps)
         self.num_library_calls = len(steps) - self.num_kernels
         self.num_out_calls = len(self._out_calls())
+        self.use_program = True  # replay_call clears it where the program computes otherwise
 
     @classmethod
     def record(cls, module, constants: list, inputs: list) -> tuple[CallTape, object]:
@@ -522,11 +525,17 @@ class CallTape:
             return make_view(value(p[1], slots), p[2], p[3], p[4])
 
         calls = []
+        c_steps: list | None = []  # (binding, arguments) of C functions, while all are
         op_index = 0
         for step in self._steps:
             settled = [settle(p) for p in step[2]]
             if step[0] == "k":
                 calls.append(_kernel_call(step[1], settled, value))
+                fixed_args = all(p[0] == "s" for p in settled)
+                if c_steps is not None and fixed_args:
+                    c_steps.append((step[1], [p[1] for p in settled]))
+                else:
+                    c_steps = None
                 continue
             if op_index in fixed:
                 overload, names, _, binding, direct = step[4]
@@ -536,6 +545,11 @@ class CallTape:
                 )
             else:
                 calls.append(_library_call(step[5] or step[1], settled, step[3], value))
+            through = getattr(calls[-1], "direct", None)
+            if c_steps is not None and through is not None:
+                c_steps.append((through.func, list(through.args)))
+            else:
+                c_steps = None
             op_index += 1
         outputs = [settle(p) for p in self._outputs]
         out_spec = self._out_spec
@@ -547,6 +561,11 @@ class CallTape:
                 for call in calls:
                     call(slots)
                 return result
+
+            # the same calls as one C++ loop (call_program.py), where they are all C functions
+            if c_steps is not None and self.use_program and call_program.available():
+                run.program = call_program.program(c_steps)
+                run.result = result
 
         else:
 
@@ -788,14 +807,14 @@ def _library_call_out(
         overload = binding
     if all(p[0] == "s" for p in settled):
         args, kwargs = pytree.tree_unflatten([p[1] for p in settled], spec)
-        bound = direct(args, kwargs, results) if direct is not None else None
-        if bound is None:
-            bound = functools.partial(overload, *args, **kwargs, **outs)
+        through = direct(args, kwargs, results) if direct is not None else None
+        bound = through or functools.partial(overload, *args, **kwargs, **outs)
 
         def call(slots):
             bound()
             slots.append(results)
 
+        call.direct = through  # a C function and its arguments (call_program.py), or None
         return call
 
     def call_later(slots):
@@ -834,6 +853,7 @@ def replay_call(
         return out
 
     expected_inputs, recorded_inputs, replayed_inputs = copies(), copies(), copies()
+    programmed_inputs = copies()
     try:
         with torch.random.fork_rng(devices=[]):
             rng = torch.get_rng_state()
@@ -844,11 +864,31 @@ def replay_call(
             tape, recorded = CallTape.record(module, constants, recorded_inputs)
             torch.set_rng_state(rng)
             replayed = tape.bind(replayed_inputs)()
+            torch.set_rng_state(rng)
+            programmed = _run_program_once(tape.bind(programmed_inputs))
     except Exception:  # noqa: BLE001 - a call this recorder does not understand
         return None
-    same = all(
-        _bitwise_equal(expected, out)
-        and all(_bitwise_equal(expected_inputs[i], got[i]) for i in written)
+
+    def same_as_expected(out, got) -> bool:
+        return _bitwise_equal(expected, out) and all(
+            _bitwise_equal(expected_inputs[i], got[i]) for i in written
+        )
+
+    if not all(
+        same_as_expected(out, got)
         for out, got in ((recorded, recorded_inputs), (replayed, replayed_inputs))
-    )
-    return tape if same else None
+    ):
+        return None
+    tape.use_program = programmed is not None and same_as_expected(programmed, programmed_inputs)
+    return tape
+
+
+def _run_program_once(run: Callable[[], object]):
+    """What one call through ``run``'s program (:mod:`.call_program`) returns, or None
+    where ``run`` has none."""
+    program = getattr(run, "program", None)
+    if program is None:
+        return None
+    calls = torch.zeros(1, dtype=torch.int64)
+    call_program.run(program, torch.ones((), dtype=torch.bool), 1, calls)
+    return run.result if int(calls[0]) == 1 else None

@@ -30,6 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ...validation import torch_validation
+from .. import call_program
 from ..compile import compile_fn, inductor_base_options, skip_guards
 from ..generated_call import BufferPool, compile_graph
 
@@ -39,6 +40,9 @@ __all__ = ["ChunkedLoop", "InPlaceLoop", "TracedChunk", "trace_in_place"]
 # (about sixty checks for a NUTS block state); the loop only feeds a chunk its own outputs,
 # whose layout the first calls fixed, so the checks are left out: 126 -> 100 us per call on
 # eight schools (4 chains, one core). ``cpp_wrapper`` would save 5 us more for 2 s of compile.
+# Calls per C++ loop of a program (call_program.py): a Ctrl-C is seen within that many.
+_PROGRAM_CALLS = 256
+
 _UNCHECKED = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
 
 
@@ -373,11 +377,29 @@ class InPlaceLoop:
             step, start = bind(inputs), _nothing
         else:
             step = functools.partial(compiled, inputs)
+        program = getattr(step, "program", None)
+        if program is not None:  # the replayed calls as one C++ loop (call_program.py)
+            return self._run_program(program, flag, leaves, spec)
         with torch_validation(False), torch.no_grad(), deferred_interrupts() as interrupted:
             while True:
                 start()
                 step()
                 self.calls += 1
+                if bool(flag):
+                    break
+                if interrupted():
+                    self.interrupted = True
+                    break
+        return pytree.tree_unflatten(leaves, spec)
+
+    def _run_program(self, program, flag, leaves, spec):
+        """:meth:`_run` through a program: up to ``_PROGRAM_CALLS`` calls per C++ loop,
+        interrupts checked between loops."""
+        calls = torch.zeros(1, dtype=torch.int64)
+        with torch_validation(False), torch.no_grad(), deferred_interrupts() as interrupted:
+            while True:
+                call_program.run(program, flag, _PROGRAM_CALLS, calls)
+                self.calls += int(calls[0])
                 if bool(flag):
                     break
                 if interrupted():
