@@ -4,20 +4,18 @@ replayed NUTS calls where they give torch's bits."""
 
 import pytest
 import torch
-from torch._inductor.codecache import CppPythonBindingsCodeCache
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from probtorch.inference import generated_call, library_kernels
-from probtorch.inference.combined_kernels import combined_source
+from probtorch.inference.combined_kernels import build_library
 
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    """The functions built and registered as a combined unit registers them."""
-    types, sources = zip(*library_kernels.SOURCES)
-    module = CppPythonBindingsCodeCache.load_async(combined_source(types, sources), "cpu")()
-    library_kernels.register([getattr(module, f"kernel_{i}") for i in range(len(sources))])
-    assert set(library_kernels._trsm) == {torch.float64, torch.float32}
+    """The functions built and taken into use, as a compiled step's combined unit does."""
+    assert build_library()
+    for kind in ("trsm", "gemm", "potrf"):
+        assert set(library_kernels._KINDS[kind]) == {torch.float64, torch.float32}
 
 
 def _triangular(n, upper, dtype, gen, batch=()):
@@ -111,3 +109,49 @@ def test_replayed_call_solves_through_blas_with_the_generated_codes_bits(monkeyp
     for _ in range(3):
         _step(y, scale_tril)
     torch.testing.assert_close(runs[True][1], y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((4, 25), (25, 50)), ((4, 1, 10), (4, 10, 10)), ((3, 7, 7), (3, 7, 7)), ((2, 5, 3), (3, 4))],
+)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_direct_matmul_gives_torchs_bits(dtype, a_shape, b_shape, transposed):
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(*a_shape, generator=gen, dtype=dtype)
+    b = torch.randn(*b_shape, generator=gen, dtype=dtype)
+    if transposed:  # column-major operands
+        a, b = a.mT.contiguous().mT, b.mT.contiguous().mT
+    expected = torch.matmul(a, b)
+    out = torch.empty_like(expected)
+    product = library_kernels.direct_matmul(a, b.expand(*expected.shape[:-2], *b.shape[-2:]), out)
+    assert product is not None
+    product()
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    multiply_adds = a.shape[-2] * a.shape[-1] * b.shape[-1]
+    if a.dim() == b.dim() and not transposed and multiply_adds >= 400:
+        # where torch calls BLAS for mm and bmm (smaller batched products it sums itself)
+        assert generated_call._bitwise_equal(out, expected)
+    wrong_inner = torch.ones(a.shape[-1] + 1, 2, dtype=dtype)
+    assert library_kernels.direct_matmul(a, wrong_inner, out) is None
+    assert library_kernels.direct_matmul(a, b, out.to(torch.float16)) is None
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_direct_cholesky_gives_torchs_factor_and_info(upper):
+    gen = torch.Generator().manual_seed(6)
+    a = torch.randn(3, 5, 5, generator=gen, dtype=torch.float64)
+    A = a @ a.mT + 5 * torch.eye(5, dtype=torch.float64)
+    A[1] -= 50 * torch.eye(5, dtype=torch.float64)  # not positive definite: info > 0
+    expected, expected_info = torch.linalg.cholesky_ex(A, upper=upper)
+    L = torch.empty_strided(expected.shape, expected.stride(), dtype=torch.float64)
+    info = torch.empty(3, dtype=torch.int32)
+    factor = library_kernels.direct_cholesky(A, L, info, upper=upper)
+    assert factor is not None
+    factor()
+    assert generated_call._bitwise_equal((L, info), (expected, expected_info))
+    assert int(info[1]) > 0 and int(info[0]) == int(info[2]) == 0
+    row_major = torch.empty(3, 5, 5, dtype=torch.float64)
+    assert library_kernels.direct_cholesky(A, row_major, info) is None
+    assert library_kernels.direct_cholesky(A, L, info.long()) is None

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from . import call_program, library_kernels
 from .compile import _FALSE
 
-__all__ = ["combined_cpp_kernels", "combined_source"]
+__all__ = ["build_library", "combined_cpp_kernels", "combined_source"]
 
 _PRELUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
 _ENTRY = re.compile(r'extern\s+"C"\s+void\s+kernel\(')
@@ -120,20 +120,49 @@ def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
     for position, i in enumerate(rest):
         kernels[i] = combined[position]
     if functions:
-        trsm = len(library_kernels.SOURCES)
-        library_kernels.register(functions[:trsm])
-        call_program.register(functions[trsm:])
-        call_program.register_callers(module.__file__, arities)
-        _note_entries(module, kernels[largest], argtypes[largest], combined + functions,
-                      [argtypes[i] for i in rest] + [types for types, _ in library])  # fmt: skip
+        address = call_program.library_address(kernels[largest], "kernel")
+        if address:
+            call_program.note_entry(kernels[largest], address, argtypes[largest])
+        _register(module, combined, [argtypes[i] for i in rest], functions, arities)
     return kernels
 
 
-def _note_entries(module, largest, largest_types, functions, types) -> None:
-    """Tell :mod:`.call_program` which C functions the kernels' bindings call."""
-    address = call_program.library_address(largest, "kernel")
-    if address:
-        call_program.note_entry(largest, address, largest_types)
+def build_library() -> bool:
+    """Build :mod:`.library_kernels`' and :mod:`.call_program`'s functions as a library of
+    their own and take them into use (where no compiled step has done so yet); whether
+    that worked. Each compiled step with small kernels builds them anyway (above)."""
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    library = [*library_kernels.SOURCES, *call_program.SOURCES]
+    arities = {len(types) for types, _ in library}
+    code = combined_source(
+        [types for types, _ in library],
+        [source for _, source in library],
+        extra=call_program.callers_source(arities),
+    )
+    try:
+        module = CppPythonBindingsCodeCache.load_async(code, "cpu")()
+        functions = [getattr(module, f"kernel_{k}") for k in range(len(library))]
+    except Exception:  # noqa: BLE001 - no C++ compiler, say
+        return False
+    _register(module, [], [], functions, arities)
+    return True
+
+
+def _register(module, kernels, kernel_types, functions, arities) -> None:
+    """Take a combined unit's library functions into use and tell :mod:`.call_program`
+    which C functions its bindings call."""
+    count = len(library_kernels.SOURCES)
+    library_kernels.register(functions[:count])
+    call_program.register(functions[count:])
+    call_program.register_callers(module.__file__, arities)
+    types = kernel_types + [t for t, _ in [*library_kernels.SOURCES, *call_program.SOURCES]]
+    _note_entries(module, kernels + functions, types)
+
+
+def _note_entries(module, functions, types) -> None:
+    """Tell :mod:`.call_program` the C functions that ``functions`` (the unit's bindings, in
+    order) call."""
     try:
         library = ctypes.CDLL(module.__file__)
         table = (ctypes.c_void_p * len(functions)).in_dll(library, "probtorch_kernel_addresses")

@@ -434,7 +434,8 @@ class CallTape:
             out = func(*op_args, **op_kwargs)
             plan = _out_plan(func, op_args, op_kwargs, out)
             binding = _same_binding(func, op_args, op_kwargs, out)
-            steps.append(("op", func, provenances, spec, plan, binding))
+            direct = _direct_out_call(func, op_args, op_kwargs) if binding else None
+            steps.append(("op", func, provenances, spec, plan, binding, direct))
             j = num_ops[0]
             num_ops[0] += 1
             for k, t in enumerate(pytree.tree_leaves(out)):
@@ -544,7 +545,7 @@ class CallTape:
                     _library_call_out(overload, settled, step[3], value, outs, binding, direct)
                 )
             else:
-                calls.append(_library_call(step[5] or step[1], settled, step[3], value))
+                calls.append(_library_call(step[5] or step[1], settled, step[3], value, step[6]))
             through = getattr(calls[-1], "direct", None)
             if c_steps is not None and through is not None:
                 c_steps.append((through.func, list(through.args)))
@@ -605,8 +606,24 @@ def _call_fixed(bound, slots):
     bound()
 
 
-def _library_call(func, settled: list, spec, value) -> Callable[[list], None]:
-    """One library call of a bound tape; what it returns goes to the next slot."""
+def _library_call(
+    func, settled: list, spec, value, direct: Callable | None = None
+) -> Callable[[list], None]:
+    """One library call of a bound tape; what it returns goes to the next slot. ``direct``
+    (:func:`_direct_out_call`): the same call as a C function, used where every argument
+    is known when binding."""
+    if direct is not None and all(p[0] == "s" for p in settled):
+        args, kwargs = pytree.tree_unflatten([p[1] for p in settled], spec)
+        through = direct(args, kwargs)
+        if through is not None:
+            out = kwargs["out"]
+
+            def call_direct(slots):
+                through()
+                slots.append((out,))
+
+            call_direct.direct = through
+            return call_direct
     marks = [p[1] if p[0] == "s" else _Later(p) for p in settled]
     args, kwargs = pytree.tree_unflatten(marks, spec)
     args = list(args)
@@ -677,20 +694,40 @@ def _direct_library_call(func, args, kwargs, results) -> Callable | None:
     bit into fresh buffers of their layout (tried once, here); else None."""
     from . import library_kernels
 
-    if func is not torch.ops.aten.linalg_solve_triangular.default or len(results) != 1:
-        return None
+    aten = torch.ops.aten
     names = [a.name for a in func._schema.arguments]
+    if func is aten.linalg_cholesky_ex.default and len(results) == 2:
 
-    def make(args, kwargs, outs):
-        given = {**dict(zip(names, args)), **kwargs}
-        return library_kernels.direct_solve_triangular(
-            given["self"],
-            given["B"],
-            outs[0],
-            upper=given["upper"],
-            left=given.get("left", True),
-            unitriangular=given.get("unitriangular", False),
-        )
+        def make(args, kwargs, outs):
+            given = {**dict(zip(names, args)), **kwargs}
+            if given.get("check_errors", False):  # torch raises there
+                return None
+            upper = given.get("upper", False)
+            return library_kernels.direct_cholesky(given["self"], *outs, upper=upper)
+
+    elif len(results) != 1:
+        return None
+    elif func is aten.linalg_solve_triangular.default:
+
+        def make(args, kwargs, outs):
+            given = {**dict(zip(names, args)), **kwargs}
+            return library_kernels.direct_solve_triangular(
+                given["self"],
+                given["B"],
+                outs[0],
+                upper=given["upper"],
+                left=given.get("left", True),
+                unitriangular=given.get("unitriangular", False),
+            )
+
+    elif func in (aten.mm.default, aten.bmm.default):
+
+        def make(args, kwargs, outs):
+            given = {**dict(zip(names, args)), **kwargs}
+            return library_kernels.direct_matmul(given["self"], given["mat2"], outs[0])
+
+    else:
+        return None
 
     def into(buffers):
         call = make(args, kwargs, buffers)
@@ -755,6 +792,43 @@ def _same_binding(func, args, kwargs, result) -> Callable | None:
     if out_names:
         again = results  # written in place again
     return binding if _bitwise_equal(expected, again) else None
+
+
+def _direct_out_call(func, args, kwargs) -> Callable | None:
+    """For a recorded ``out=`` matrix product (``mm``, ``bmm``, ``baddbmm`` with ``beta`` 0
+    and ``alpha`` 1) that already wrote its ``out``: a function ``(args, kwargs) -> call of
+    no arguments`` making it through :mod:`.library_kernels`, where that wrote the same bits
+    into a fresh buffer of ``out``'s layout (tried once, here); else None."""
+    from . import library_kernels
+
+    aten = torch.ops.aten
+    names = [a.name for a in func._schema.arguments]
+    if func in (aten.mm.out, aten.bmm.out):
+        first, second, scaled = "self", "mat2", False
+    elif func is aten.baddbmm.out:
+        first, second, scaled = "batch1", "batch2", True
+    else:
+        return None
+
+    def make(args, kwargs):
+        given = {**dict(zip(names, args)), **kwargs}
+        if scaled and (given.get("beta", 1) != 0 or given.get("alpha", 1) != 1):
+            return None
+        if not isinstance(given.get("out"), torch.Tensor):
+            return None
+        return library_kernels.direct_matmul(given[first], given[second], given["out"])
+
+    out = {**dict(zip(names, args)), **kwargs}.get("out")
+    if not isinstance(out, torch.Tensor):
+        return None
+
+    def into(buffers):
+        call = make(args, {**kwargs, "out": buffers[0]})
+        if call is None:
+            raise TypeError("no direct call for these arguments")
+        call()
+
+    return make if _writes_bit_for_bit(into, (out,)) else None
 
 
 def _out_binding(overload, names, args, kwargs, results) -> Callable | None:

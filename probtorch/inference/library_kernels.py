@@ -30,7 +30,13 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["SOURCES", "direct_solve_triangular", "register"]
+__all__ = [
+    "SOURCES",
+    "direct_cholesky",
+    "direct_matmul",
+    "direct_solve_triangular",
+    "register",
+]
 
 _PRELUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
 
@@ -68,19 +74,88 @@ extern "C" void kernel(const {t}* A, const {t}* B, {t}* X, const int64_t* offset
 """
 )
 
+# C[b] = op(A[b]) op(B[b]), all column-major (m x n, inner dimension k); offsets[b] =
+# element offsets of A[b], B[b], C[b]; mode: 1 transposes A, 2 transposes B.
+_GEMM = (
+    _PRELUDE
+    + r"""
+using probtorch_gemm = void (*)(const char*, const char*, const int*, const int*, const int*,
+                                const {t}*, const {t}*, const int*, const {t}*, const int*,
+                                const {t}*, {t}*, const int*);
+extern "C" void kernel(const {t}* A, const {t}* B, {t}* C, const int64_t* offsets,
+                       int64_t batch, int64_t rows, int64_t cols, int64_t inner, int64_t lda,
+                       int64_t ldb, int64_t ldc, int64_t mode, int64_t blas)
+{{
+    const auto gemm = reinterpret_cast<probtorch_gemm>(blas);
+    const char trans_a = (mode & 1) ? 'T' : 'N';
+    const char trans_b = (mode & 2) ? 'T' : 'N';
+    const int m = static_cast<int>(rows), n = static_cast<int>(cols);
+    const int k = static_cast<int>(inner);
+    const int ld_a = static_cast<int>(lda), ld_b = static_cast<int>(ldb);
+    const int ld_c = static_cast<int>(ldc);
+    const {t} one = 1, zero = 0;
+    for (int64_t i = 0; i < batch; ++i)
+        gemm(&trans_a, &trans_b, &m, &n, &k, &one, A + offsets[3 * i], &ld_a,
+             B + offsets[3 * i + 1], &ld_b, &zero, C + offsets[3 * i + 2], &ld_c);
+}}
+"""
+)
+
+# L[b] = the Cholesky factor of A[b] as torch's linalg_cholesky_ex makes it: A copied into
+# column-major L, LAPACK's potrf, the other triangle zeroed; info[b] = potrf's info.
+_POTRF = (
+    _PRELUDE
+    + r"""
+using probtorch_potrf = void (*)(const char*, const int*, {t}*, const int*, int*);
+extern "C" void kernel(const {t}* A, {t}* L, int32_t* info, const int64_t* offsets,
+                       int64_t batch, int64_t size, int64_t a_row, int64_t a_col, int64_t ldl,
+                       int64_t upper, int64_t blas)
+{{
+    const auto potrf = reinterpret_cast<probtorch_potrf>(blas);
+    const char uplo = upper ? 'U' : 'L';
+    const int n = static_cast<int>(size), ld = static_cast<int>(ldl);
+    for (int64_t k = 0; k < batch; ++k) {{
+        const {t}* a = A + offsets[3 * k];
+        {t}* l = L + offsets[3 * k + 1];
+        for (int64_t j = 0; j < size; ++j)
+            for (int64_t i = 0; i < size; ++i)
+                l[i + j * ldl] = a[i * a_row + j * a_col];
+        int result = 0;
+        potrf(&uplo, &n, l, &ld, &result);
+        info[offsets[3 * k + 2]] = result;
+        for (int64_t j = 0; j < size; ++j)
+            for (int64_t i = 0; i < size; ++i)
+                if (upper ? i > j : i < j) l[i + j * ldl] = 0;
+    }}
+}}
+"""
+)
+
 # The functions' argument types and sources, in the order :func:`register` expects, and
 # the BLAS routine each calls.
-_ROUTINES = {torch.float64: "dtrsm_", torch.float32: "strsm_"}
+_TYPES = {torch.float64: "double", torch.float32: "float"}
+_ROUTINES = [
+    ("trsm", torch.float64, "dtrsm_", _TRSM),
+    ("trsm", torch.float32, "strsm_", _TRSM),
+    ("gemm", torch.float64, "dgemm_", _GEMM),
+    ("gemm", torch.float32, "sgemm_", _GEMM),
+    ("potrf", torch.float64, "dpotrf_", _POTRF),
+    ("potrf", torch.float32, "spotrf_", _POTRF),
+]
 SOURCES: list[tuple[list[str], str]] = [
     (
-        [f"const {t}*", f"const {t}*", f"{t}*", "const int64_t*", *["int64_t"] * 9],
-        _TRSM.format(t=t),
+        [f"const {t}*", f"const {t}*", f"{t}*", "const int64_t*", *["int64_t"] * 9]
+        if kind != "potrf"
+        else [f"const {t}*", f"{t}*", "int32_t*", "const int64_t*", *["int64_t"] * 7],
+        source.format(t=t),
     )
-    for t in ("double", "float")
+    for kind, dtype, _, source in _ROUTINES
+    for t in [_TYPES[dtype]]
 ]
 
 _lock = threading.Lock()
-_trsm: dict[torch.dtype, tuple[Callable, int]] = {}
+# routine kind -> dtype -> (built function, address of the BLAS routine it calls)
+_KINDS: dict[str, dict[torch.dtype, tuple[Callable, int]]] = {"trsm": {}, "gemm": {}, "potrf": {}}
 
 
 def _blas_address(name: str) -> int | None:
@@ -100,12 +175,12 @@ def register(functions: list[Callable]) -> None:
     """Take the built :data:`SOURCES` functions (in order) into use, those whose BLAS
     routine torch exports. The first registration stays."""
     with _lock:
-        if _trsm:
+        if any(_KINDS.values()):
             return
-        for dtype, function in zip(_ROUTINES, functions):
-            address = _blas_address(_ROUTINES[dtype])
+        for (kind, dtype, routine, _), function in zip(_ROUTINES, functions):
+            address = _blas_address(routine)
             if address:
-                _trsm[dtype] = (function, address)
+                _KINDS[kind][dtype] = (function, address)
 
 
 def _column_major(t: torch.Tensor) -> tuple[bool, int] | None:
@@ -166,7 +241,7 @@ def direct_solve_triangular(
         >>> solve is None or (solve(), out)[1].tolist() == [[1.0], [1.0]]
         True
     """
-    kernel, blas = _trsm.get(out.dtype, (None, 0))
+    kernel, blas = _KINDS["trsm"].get(out.dtype, (None, 0))
     if kernel is None or not (A.dtype == B.dtype == out.dtype) or out.device.type != "cpu":
         return None
     if A.dim() < 2 or B.dim() < 2 or out.dim() < 2 or A.shape[-1] != A.shape[-2]:
@@ -192,4 +267,87 @@ def direct_solve_triangular(
     return functools.partial(
         kernel, A, B, out, offsets, offsets.shape[0], rows, cols, b_row, b_col,
         read_x[1], lda, mode, blas,
+    )  # fmt: skip
+
+
+def direct_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Callable[[], None] | None:
+    """A function of no arguments that writes ``a @ b`` (matrices, or batches of them of
+    ``out``'s batch shape) into ``out`` through BLAS's gemm, for these tensors, or None
+    where it cannot (see :func:`direct_solve_triangular`). A row-major ``out`` is computed
+    as ``out^T = b^T a^T``, as torch computes it.
+
+    Example (where the functions were built)::
+
+        >>> a = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+        >>> b = torch.tensor([[3.0], [4.0]], dtype=torch.float64)
+        >>> out = torch.empty(1, 1, dtype=torch.float64)
+        >>> product = direct_matmul(a, b, out)
+        >>> product is None or (product(), out)[1].tolist() == [[11.0]]
+        True
+    """
+    kernel, blas = _KINDS["gemm"].get(out.dtype, (None, 0))
+    if kernel is None or not (a.dtype == b.dtype == out.dtype) or out.device.type != "cpu":
+        return None
+    if a.dim() < 2 or b.dim() < 2 or out.dim() < 2 or a.shape[-1] != b.shape[-2]:
+        return None
+    rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
+    if out.shape[-2:] != (rows, cols) or min(rows, inner, cols) == 0:
+        return None
+    batch = tuple(out.shape[:-2])
+    try:
+        if torch.broadcast_shapes(a.shape[:-2], b.shape[:-2], batch) != batch:
+            return None
+    except RuntimeError:
+        return None
+    read_a, read_b, read_out = _column_major(a), _column_major(b), _column_major(out)
+    if read_a is None or read_b is None or read_out is None:
+        return None
+    if read_out[0]:  # out is row-major: out^T (cols x rows) = b^T a^T
+        first, second, m, n = (b, read_b), (a, read_a), cols, rows
+        mode = (not read_b[0]) | (2 * (not read_a[0]))
+    else:
+        first, second, m, n = (a, read_a), (b, read_b), rows, cols
+        mode = read_a[0] | (2 * read_b[0])
+    (x, (_, ld_x)), (y, (_, ld_y)) = first, second
+    if max(ld_x, ld_y, read_out[1], m, n, inner) >= 2**31:
+        return None
+    offsets = _offsets(batch, [x, y, out])
+    return functools.partial(
+        kernel, x, y, out, offsets, offsets.shape[0], m, n, inner, ld_x, ld_y, read_out[1],
+        int(mode), blas,
+    )  # fmt: skip
+
+
+def direct_cholesky(
+    A: torch.Tensor, L: torch.Tensor, info: torch.Tensor, *, upper: bool = False
+) -> Callable[[], None] | None:
+    """A function of no arguments that writes ``torch.linalg.cholesky_ex(A, upper=upper)``
+    into ``(L, info)`` through LAPACK's potrf, for these tensors, or None where it cannot
+    (see :func:`direct_solve_triangular`; ``L`` must be column-major, ``info`` int32).
+
+    Example (where the functions were built)::
+
+        >>> A = torch.tensor([[4.0, 2.0], [2.0, 5.0]], dtype=torch.float64)
+        >>> L, info = torch.empty(2, 2, dtype=torch.float64).mT, torch.empty((), dtype=torch.int32)
+        >>> factor = direct_cholesky(A, L, info)
+        >>> factor is None or ((factor(), L)[1].tolist(), int(info)) == (
+        ...     [[2.0, 0.0], [1.0, 2.0]], 0)
+        True
+    """
+    kernel, lapack = _KINDS["potrf"].get(L.dtype, (None, 0))
+    if kernel is None or A.dtype != L.dtype or info.dtype != torch.int32:
+        return None
+    if L.device.type != "cpu" or A.dim() < 2 or A.shape != L.shape or A.shape[-1] != A.shape[-2]:
+        return None
+    batch = tuple(L.shape[:-2])
+    if tuple(info.shape) != batch or A.shape[-1] == 0:
+        return None
+    read_l = _column_major(L)
+    if read_l is None or read_l[0] or max(read_l[1], A.shape[-1]) >= 2**31:
+        return None
+    a_row, a_col = A.stride()[-2:]
+    offsets = _offsets(batch, [A, L, info.reshape(*batch, 1, 1)])
+    return functools.partial(
+        kernel, A, L, info, offsets, offsets.shape[0], A.shape[-1], a_row, a_col, read_l[1],
+        int(upper), lapack,
     )  # fmt: skip
