@@ -98,3 +98,20 @@ def test_the_combined_unit_brings_the_direct_blas_calls(monkeypatch):
     _compile(threads=1)
     for kind in ("trsm", "gemm", "potrf"):
         assert set(library_kernels._KINDS[kind]) == {torch.float64, torch.float32}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built on Linux only")
+def test_a_module_of_one_kernel_is_built_with_the_library_functions():
+    def one_kernel(x):
+        return ((x.sin() * 2.0).sum(-1),)
+
+    x = torch.randn(4, 5, dtype=torch.float64)
+    gm = make_fx(one_kernel)(x)
+    with fresh_cache(), config.patch(compile_threads=1), combined_cpp_kernels():
+        loaded = len(PyCodeCache.modules)
+        compiled = torch._inductor.standalone_compile(gm, [x], dynamic_shapes="from_example_inputs")
+        module = generated_module(PyCodeCache.modules[loaded:])
+    (kernel,) = [value for name, value in vars(module).items() if _is_kernel(name, value)]
+    library = kernel.__self__
+    assert kernel is library.kernel_0 and callable(library.kernel_1)  # the trsm, gemm, ...
+    torch.testing.assert_close(compiled(x)[0], one_kernel(x)[0])

@@ -97,8 +97,11 @@ def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
     rest = [i for i in range(len(sources)) if i != largest]
     linux = sys.platform.startswith("linux")
     library = [*library_kernels.SOURCES, *call_program.SOURCES] if linux else []
-    if len(rest) + bool(rest) * len(library) < 2:
-        return _separately(argtypes, sources)
+    if not library:
+        if len(rest) < 2:
+            return _separately(argtypes, sources)
+    elif not rest:  # one kernel: built with the library functions (machine code checked)
+        largest, rest = None, [largest]
     arities = {len(types) for types in argtypes} | {len(types) for types, _ in library}
     code = combined_source(
         [argtypes[i] for i in rest] + [types for types, _ in library],
@@ -116,13 +119,15 @@ def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
     except Exception:  # noqa: BLE001 - g++ or the loader refused the combined unit
         return _separately(argtypes, sources)
     kernels: list = [None] * len(sources)
-    kernels[largest] = _separately([argtypes[largest]], [sources[largest]])[0]
+    if largest is not None:
+        kernels[largest] = _separately([argtypes[largest]], [sources[largest]])[0]
     for position, i in enumerate(rest):
         kernels[i] = combined[position]
     if functions:
-        address = call_program.library_address(kernels[largest], "kernel")
-        if address:
-            call_program.note_entry(kernels[largest], address, argtypes[largest])
+        if largest is not None:
+            address = call_program.library_address(kernels[largest], "kernel")
+            if address:
+                call_program.note_entry(kernels[largest], address, argtypes[largest])
         _register(module, combined, [argtypes[i] for i in rest], functions, arities)
     return kernels
 
