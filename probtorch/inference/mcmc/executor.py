@@ -379,27 +379,22 @@ class InPlaceLoop:
             step = functools.partial(compiled, inputs)
         program = getattr(step, "program", None)
         if program is not None:  # the replayed calls as one C++ loop (call_program.py)
-            return self._run_program(program, flag, leaves, spec)
-        with torch_validation(False), torch.no_grad(), deferred_interrupts() as interrupted:
-            while True:
+            made = torch.zeros(1, dtype=torch.int64)
+
+            def advance() -> int:  # up to _PROGRAM_CALLS calls, then interrupts are seen
+                call_program.run(program, flag, _PROGRAM_CALLS, made)
+                return int(made[0])
+
+        else:
+
+            def advance() -> int:
                 start()
                 step()
-                self.calls += 1
-                if bool(flag):
-                    break
-                if interrupted():
-                    self.interrupted = True
-                    break
-        return pytree.tree_unflatten(leaves, spec)
+                return 1
 
-    def _run_program(self, program, flag, leaves, spec):
-        """:meth:`_run` through a program: up to ``_PROGRAM_CALLS`` calls per C++ loop,
-        interrupts checked between loops."""
-        calls = torch.zeros(1, dtype=torch.int64)
         with torch_validation(False), torch.no_grad(), deferred_interrupts() as interrupted:
             while True:
-                call_program.run(program, flag, _PROGRAM_CALLS, calls)
-                self.calls += int(calls[0])
+                self.calls += advance()
                 if bool(flag):
                     break
                 if interrupted():
