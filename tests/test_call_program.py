@@ -121,7 +121,15 @@ def test_in_place_loop_runs_its_calls_as_a_program_with_the_same_results(monkeyp
     threading.current_thread() is not threading.main_thread(),
     reason="SIGINT is delivered to the main thread",
 )
-def test_ctrl_c_stops_a_program_between_whole_calls(default_sigint):
+def test_ctrl_c_stops_a_program_between_whole_calls(default_sigint, monkeypatch):
+    loops = []
+    run = call_program.run
+
+    def counted(*args):
+        loops.append(True)
+        return run(*args)
+
+    monkeypatch.setattr(call_program, "run", counted)
     loop = InPlaceLoop(_solve_walk)
     scale_tril = _factor()
     loop(_solve_start(), scale_tril, torch.tensor([1, 1, 1]))  # compiled before the timer
@@ -134,3 +142,4 @@ def test_ctrl_c_stops_a_program_between_whole_calls(default_sigint):
     assert loop.interrupted
     assert int(out.steps[0]) > 0 and torch.isfinite(out.x).all()
     assert (out.steps == out.steps[0]).all()  # every chain made the same whole calls
+    assert len(loops) > 1  # through the program, interrupted between its C++ loops

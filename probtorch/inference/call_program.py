@@ -38,6 +38,7 @@ __all__ = [
     "register",
     "register_callers",
     "run",
+    "symbol_address",
 ]
 
 _RUNNER = r"""#include <torch/csrc/inductor/cpp_prefix.h>
@@ -88,17 +89,11 @@ def callers_source(arities: set[int]) -> str:
 
 def register_callers(path: str, arities: set[int]) -> None:
     """Note the callers :func:`callers_source` defined in the library at ``path``."""
-    try:
-        library = ctypes.CDLL(path)
-        found = {
-            n: ctypes.cast(getattr(library, f"probtorch_call_{n}"), ctypes.c_void_p).value
-            for n in arities
-        }
-    except (OSError, AttributeError):
-        return
+    found = {n: symbol_address(path, f"probtorch_call_{n}") for n in arities}
     with _lock:
         for n, address in found.items():
-            _callers.setdefault(n, address)
+            if address:
+                _callers.setdefault(n, address)
 
 
 def register(functions: list[Callable]) -> None:
@@ -120,16 +115,20 @@ def note_entry(function: Callable, address: int, argtypes: Sequence[str]) -> Non
         _entries[id(function)] = (function, address, tuple(argtypes))
 
 
+def symbol_address(path: str, symbol: str, mode: int = ctypes.DEFAULT_MODE) -> int | None:
+    """The address of the exported C ``symbol`` in the shared library at ``path`` (opened
+    with ``mode``; a library already loaded is not loaded again), or None."""
+    try:
+        return ctypes.cast(getattr(ctypes.CDLL(path, mode=mode), symbol), ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
 def library_address(function: Callable, symbol: str) -> int | None:
     """The address of the exported C ``symbol`` in the library that defines the Python
     binding ``function`` (a function of an extension module), or None."""
     path = getattr(getattr(function, "__self__", None), "__file__", None)
-    if not path:
-        return None
-    try:
-        return ctypes.cast(getattr(ctypes.CDLL(path), symbol), ctypes.c_void_p).value
-    except (OSError, AttributeError):
-        return None
+    return symbol_address(path, symbol) if path else None
 
 
 def _word(argtype: str, value) -> int | None:

@@ -93,67 +93,69 @@ def _separately(argtypes: list[list[str]], sources: list[str]) -> list[Callable]
     ]
 
 
+def _library() -> list[tuple[list[str], str]]:
+    """The library functions every combined unit holds (Linux only; module docstring)."""
+    if not sys.platform.startswith("linux"):
+        return []
+    return [*library_kernels.SOURCES, *call_program.SOURCES]
+
+
 def _build(argtypes: list[list[str]], sources: list[str]) -> list[Callable]:
     """The kernels: the largest built alone, the others as one library (module docstring)."""
     largest = max(range(len(sources)), key=lambda i: len(sources[i]))
     rest = [i for i in range(len(sources)) if i != largest]
-    linux = sys.platform.startswith("linux")
-    library = [*library_kernels.SOURCES, *call_program.SOURCES] if linux else []
-    if not library:
+    if not _library():
         if len(rest) < 2:
             return _separately(argtypes, sources)
     elif not rest:  # one kernel: built with the library functions (machine code checked)
         largest, rest = None, [largest]
-    arities = {len(types) for types in argtypes} | {len(types) for types, _ in library}
-    code = combined_source(
-        [argtypes[i] for i in rest] + [types for types, _ in library],
-        [sources[i] for i in rest] + [source for _, source in library],
-        extra=call_program.callers_source(arities) if library else "",
-    )
-    if code is None:
-        return _separately(argtypes, sources)
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-    try:
-        module = CppPythonBindingsCodeCache.load_async(code, "cpu")()
-        combined = [getattr(module, f"kernel_{position}") for position in range(len(rest))]
-        functions = [getattr(module, f"kernel_{len(rest) + k}") for k in range(len(library))]
-    except Exception:  # noqa: BLE001 - g++ or the loader refused the combined unit
+    combined = _unit([argtypes[i] for i in rest], [sources[i] for i in rest], argtypes)
+    if combined is None:
         return _separately(argtypes, sources)
     kernels: list = [None] * len(sources)
     if largest is not None:
         kernels[largest] = _separately([argtypes[largest]], [sources[largest]])[0]
+        address = _library() and call_program.library_address(kernels[largest], "kernel")
+        if address:
+            call_program.note_entry(kernels[largest], address, argtypes[largest])
     for position, i in enumerate(rest):
         kernels[i] = combined[position]
-    if functions:
-        if largest is not None:
-            address = call_program.library_address(kernels[largest], "kernel")
-            if address:
-                call_program.note_entry(kernels[largest], address, argtypes[largest])
-        _register(module, combined, [argtypes[i] for i in rest], functions, arities)
     return kernels
+
+
+def _unit(argtypes, sources, all_argtypes=()) -> list[Callable] | None:
+    """The bindings of ``sources`` (Inductor kernels) built as one library with
+    :func:`_library`'s functions, which are taken into use, and callers for the numbers of
+    arguments of ``all_argtypes`` (every kernel of the module) too; None where the unit
+    cannot be written or built."""
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    library = _library()
+    arities = {len(types) for types in [*all_argtypes, *argtypes]}
+    arities |= {len(types) for types, _ in library}
+    code = combined_source(
+        [*argtypes, *(types for types, _ in library)],
+        [*sources, *(source for _, source in library)],
+        extra=call_program.callers_source(arities) if library else "",
+    )
+    if code is None:
+        return None
+    try:
+        module = CppPythonBindingsCodeCache.load_async(code, "cpu")()
+        bindings = [getattr(module, f"kernel_{k}") for k in range(len(sources) + len(library))]
+    except Exception:  # noqa: BLE001 - g++ or the loader refused the combined unit
+        return None
+    if library:
+        _register(module, bindings[: len(sources)], list(argtypes), bindings[len(sources) :],
+                  arities)  # fmt: skip
+    return bindings[: len(sources)]
 
 
 def build_library() -> bool:
     """Build :mod:`.library_kernels`' and :mod:`.call_program`'s functions as a library of
     their own and take them into use (where no compiled step has done so yet); whether
-    that worked. Each compiled step with small kernels builds them anyway (above)."""
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-    library = [*library_kernels.SOURCES, *call_program.SOURCES]
-    arities = {len(types) for types, _ in library}
-    code = combined_source(
-        [types for types, _ in library],
-        [source for _, source in library],
-        extra=call_program.callers_source(arities),
-    )
-    try:
-        module = CppPythonBindingsCodeCache.load_async(code, "cpu")()
-        functions = [getattr(module, f"kernel_{k}") for k in range(len(library))]
-    except Exception:  # noqa: BLE001 - no C++ compiler, say
-        return False
-    _register(module, [], [], functions, arities)
-    return True
+    that worked (False off Linux). Each compiled step builds them anyway (above)."""
+    return bool(_library()) and _unit([], []) is not None
 
 
 def _register(module, kernels, kernel_types, functions, arities) -> None:
@@ -163,7 +165,7 @@ def _register(module, kernels, kernel_types, functions, arities) -> None:
     library_kernels.register(functions[:count])
     call_program.register(functions[count:])
     call_program.register_callers(module.__file__, arities)
-    types = kernel_types + [t for t, _ in [*library_kernels.SOURCES, *call_program.SOURCES]]
+    types = kernel_types + [t for t, _ in _library()]
     _note_entries(module, kernels + functions, types)
 
 

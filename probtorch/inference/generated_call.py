@@ -696,50 +696,92 @@ def _direct_library_call(func, args, kwargs, results) -> Callable | None:
     """A function ``(args, kwargs, outs) -> call of no arguments`` that makes the library
     call through :mod:`.library_kernels` into ``outs``, where it wrote ``results`` bit for
     bit into fresh buffers of their layout (tried once, here); else None."""
+    if func not in _DIRECT_OPS:
+        return None
+
+    def make(args, kwargs, outs):
+        return _direct(func, _named(func, args, kwargs), outs)
+
+    return make if _accepted(lambda buffers: make(args, kwargs, buffers), results) else None
+
+
+def _direct_out_call(func, args, kwargs) -> Callable | None:
+    """For a recorded ``out=`` matrix product (``mm``, ``bmm``, ``baddbmm`` with ``beta`` 0
+    and ``alpha`` 1) that already wrote its ``out``: a function ``(args, kwargs) -> call of
+    no arguments`` making it through :mod:`.library_kernels`, where that wrote the same bits
+    into a fresh buffer of ``out``'s layout (tried once, here); else None."""
+    out = _named(func, args, kwargs).get("out") if func in _DIRECT_OPS else None
+    if not isinstance(out, torch.Tensor):
+        return None
+
+    def make(args, kwargs):
+        given = _named(func, args, kwargs)
+        return _direct(func, given, (given["out"],))
+
+    def into_fresh(buffers):
+        return make(args, {**kwargs, "out": buffers[0]})
+
+    return make if _accepted(into_fresh, (out,)) else None
+
+
+_aten = torch.ops.aten
+_DIRECT_OPS = {
+    _aten.linalg_cholesky_ex.default,
+    _aten.linalg_solve_triangular.default,
+    _aten.mm.default,
+    _aten.bmm.default,
+    _aten.mm.out,
+    _aten.bmm.out,
+    _aten.baddbmm.out,
+}
+
+
+def _named(func, args, kwargs) -> dict:
+    """A call's arguments by their schema names (defaults left out)."""
+    return {**dict(zip((a.name for a in func._schema.arguments), args)), **kwargs}
+
+
+def _direct(func, given: dict, outs: tuple) -> Callable | None:
+    """The :mod:`.library_kernels` call that makes ``func`` with the arguments ``given``
+    into ``outs``, or None."""
     from . import library_kernels
 
     aten = torch.ops.aten
-    names = [a.name for a in func._schema.arguments]
-    if func is aten.linalg_cholesky_ex.default and len(results) == 2:
-
-        def make(args, kwargs, outs):
-            given = {**dict(zip(names, args)), **kwargs}
-            if given.get("check_errors", False):  # torch raises there
-                return None
-            upper = given.get("upper", False)
-            return library_kernels.direct_cholesky(given["self"], *outs, upper=upper)
-
-    elif len(results) != 1:
+    if func is aten.linalg_cholesky_ex.default:
+        if len(outs) != 2 or given.get("check_errors", False):  # torch raises there
+            return None
+        return library_kernels.direct_cholesky(
+            given["self"], *outs, upper=given.get("upper", False)
+        )
+    if len(outs) != 1:
         return None
-    elif func is aten.linalg_solve_triangular.default:
+    if func is aten.linalg_solve_triangular.default:
+        return library_kernels.direct_solve_triangular(
+            given["self"],
+            given["B"],
+            outs[0],
+            upper=given["upper"],
+            left=given.get("left", True),
+            unitriangular=given.get("unitriangular", False),
+        )
+    if func is aten.baddbmm.out:
+        if given.get("beta", 1) != 0 or given.get("alpha", 1) != 1:
+            return None
+        return library_kernels.direct_matmul(given["batch1"], given["batch2"], outs[0])
+    return library_kernels.direct_matmul(given["self"], given["mat2"], outs[0])
 
-        def make(args, kwargs, outs):
-            given = {**dict(zip(names, args)), **kwargs}
-            return library_kernels.direct_solve_triangular(
-                given["self"],
-                given["B"],
-                outs[0],
-                upper=given["upper"],
-                left=given.get("left", True),
-                unitriangular=given.get("unitriangular", False),
-            )
 
-    elif func in (aten.mm.default, aten.bmm.default):
-
-        def make(args, kwargs, outs):
-            given = {**dict(zip(names, args)), **kwargs}
-            return library_kernels.direct_matmul(given["self"], given["mat2"], outs[0])
-
-    else:
-        return None
+def _accepted(make: Callable[[tuple], Callable | None], results) -> bool:
+    """Whether the call ``make(buffers)`` returns writes ``results`` bit for bit into fresh
+    buffers of their layout."""
 
     def into(buffers):
-        call = make(args, kwargs, buffers)
+        call = make(buffers)
         if call is None:
             raise TypeError("no direct call for these arguments")
         call()
 
-    return make if _writes_bit_for_bit(into, results) else None
+    return bool(_writes_bit_for_bit(into, results))
 
 
 _BINDING_MODULES = ("_VariableFunctions", "_linalg", "_nn", "_special", "_fft")
@@ -796,43 +838,6 @@ def _same_binding(func, args, kwargs, result) -> Callable | None:
     if out_names:
         again = results  # written in place again
     return binding if _bitwise_equal(expected, again) else None
-
-
-def _direct_out_call(func, args, kwargs) -> Callable | None:
-    """For a recorded ``out=`` matrix product (``mm``, ``bmm``, ``baddbmm`` with ``beta`` 0
-    and ``alpha`` 1) that already wrote its ``out``: a function ``(args, kwargs) -> call of
-    no arguments`` making it through :mod:`.library_kernels`, where that wrote the same bits
-    into a fresh buffer of ``out``'s layout (tried once, here); else None."""
-    from . import library_kernels
-
-    aten = torch.ops.aten
-    names = [a.name for a in func._schema.arguments]
-    if func in (aten.mm.out, aten.bmm.out):
-        first, second, scaled = "self", "mat2", False
-    elif func is aten.baddbmm.out:
-        first, second, scaled = "batch1", "batch2", True
-    else:
-        return None
-
-    def make(args, kwargs):
-        given = {**dict(zip(names, args)), **kwargs}
-        if scaled and (given.get("beta", 1) != 0 or given.get("alpha", 1) != 1):
-            return None
-        if not isinstance(given.get("out"), torch.Tensor):
-            return None
-        return library_kernels.direct_matmul(given[first], given[second], given["out"])
-
-    out = {**dict(zip(names, args)), **kwargs}.get("out")
-    if not isinstance(out, torch.Tensor):
-        return None
-
-    def into(buffers):
-        call = make(args, {**kwargs, "out": buffers[0]})
-        if call is None:
-            raise TypeError("no direct call for these arguments")
-        call()
-
-    return make if _writes_bit_for_bit(into, (out,)) else None
 
 
 def _out_binding(overload, names, args, kwargs, results) -> Callable | None:

@@ -1,23 +1,25 @@
-"""Triangular solves called straight through BLAS from a replayed NUTS call.
+"""Triangular solves, matrix products and Cholesky factors called straight through
+BLAS/LAPACK from a replayed NUTS call.
 
 A NUTS step whose model solves with a Cholesky factor (``MultivariateNormal`` with a
-``scale_tril`` or a covariance matrix, a Gaussian process) makes those solves as library
-calls between Inductor's kernels, and :class:`~.generated_call.CallTape` replays them
-through ``torch.linalg.solve_triangular(..., out=)``. Most of such a call is torch's
-work around the BLAS routine (argument parsing, checks, the copy of the right-hand side
-into the result, the batch loop): a 100 x 100 solve with 4 right-hand sides took 6.7 us
-through torch and 3.95 us as one C++ function that copies the right-hand side and calls
-the same ``dtrsm_`` (one core). The C++ functions here do that, with every address,
-offset and leading dimension fixed when the replayed call is bound.
+``scale_tril`` or a covariance matrix, a Gaussian process) or multiplies by a dense metric
+makes those operations as library calls between Inductor's kernels, and
+:class:`~.generated_call.CallTape` replays them through torch (``out=`` forms and Python
+bindings). Most of such a call is torch's work around the BLAS routine (argument
+parsing, checks, the copy of the right-hand side into the result, the batch loop): a
+100 x 100 triangular solve with 4 right-hand sides took 6.7 us through torch and 3.95 us
+as one C++ function that copies the right-hand side and calls the same ``dtrsm_`` (one
+core). The C++ functions here do that for ``trsm``, ``gemm`` and ``potrf``, with every
+address, offset and leading dimension fixed when the replayed call is bound.
 
-They are built as part of the library that holds a compiled graph's small kernels
-(:mod:`.combined_kernels`), so they cost no build of their own; where none was built in
-this process (several compile threads, a graph of one kernel) the replay keeps torch's
-call. The BLAS routine is the one torch's library exports (its address is looked up
-there and passed with each call, so nothing is linked or made global); where it exports
-none, torch's call stays. A direct call is used only where it wrote the recorded result
-bit for bit (checked once, when the call is recorded): where torch calls BLAS with other
-arguments, torch's call stays.
+They are built as part of the library that holds a compiled graph's small kernels (or
+its one kernel; :mod:`.combined_kernels`), so they cost no build of their own; where none
+was built in this process (several compile threads, not Linux) the replay keeps torch's
+call. The routine is the one torch's library exports (its address is looked up there and
+passed with each call, so nothing is linked or made global); where it exports none,
+torch's call stays. A direct call is used only where it wrote the recorded result bit for
+bit (checked once, when the call is recorded): where torch calls BLAS with other
+arguments, or sums a small batched product itself, torch's call stays.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import threading
 from collections.abc import Callable
 
 import torch
+
+from .call_program import symbol_address
 
 __all__ = [
     "SOURCES",
@@ -161,14 +165,8 @@ _KINDS: dict[str, dict[torch.dtype, tuple[Callable, int]]] = {"trsm": {}, "gemm"
 def _blas_address(name: str) -> int | None:
     """The address of the BLAS routine ``name`` that torch's own library exports (torch
     calls the same one), or None."""
-    import ctypes
-
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-    try:
-        library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
-        return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
-    except (OSError, AttributeError):
-        return None
+    return symbol_address(path, name, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
 
 
 def register(functions: list[Callable]) -> None:
@@ -216,6 +214,24 @@ def _offsets(batch: tuple[int, ...], tensors: list[torch.Tensor]) -> torch.Tenso
     return torch.tensor(rows, dtype=torch.int64).reshape(-1, len(tensors))
 
 
+def _checked(kind: str, out: torch.Tensor, *inputs: torch.Tensor) -> tuple | None:
+    """``(built function, routine address, batch shape)`` for a ``kind`` call writing
+    ``out`` from ``inputs`` (matrices or batches of them broadcasting to ``out``'s batch
+    shape, all of ``out``'s dtype, on the CPU), or None."""
+    kernel, routine = _KINDS[kind].get(out.dtype, (None, 0))
+    if kernel is None or out.device.type != "cpu" or out.dim() < 2:
+        return None
+    if any(t.dtype != out.dtype or t.dim() < 2 for t in inputs):
+        return None
+    batch = tuple(out.shape[:-2])
+    try:
+        if torch.broadcast_shapes(*(t.shape[:-2] for t in inputs), batch) != batch:
+            return None
+    except RuntimeError:
+        return None
+    return kernel, routine, batch
+
+
 def direct_solve_triangular(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -232,28 +248,25 @@ def direct_solve_triangular(
     column-major. The caller checks it against torch (the bits may differ where torch
     reads the matrix in the other orientation).
 
-    Example (where the functions were built; see the module docstring)::
+    Example (on Linux, once the functions are built)::
 
+        >>> from probtorch.inference.combined_kernels import build_library
+        >>> build_library()
+        True
         >>> A = torch.tensor([[2.0, 0.0], [1.0, 4.0]], dtype=torch.float64)
         >>> B = torch.tensor([[2.0], [5.0]], dtype=torch.float64)
-        >>> out = torch.empty(2, 1, dtype=torch.float64)
+        >>> out = torch.empty(1, 2, dtype=torch.float64).mT  # column-major, as torch's
         >>> solve = direct_solve_triangular(A, B, out, upper=False)
-        >>> solve is None or (solve(), out)[1].tolist() == [[1.0], [1.0]]
-        True
+        >>> solve()
+        >>> out.tolist()
+        [[1.0], [1.0]]
     """
-    kernel, blas = _KINDS["trsm"].get(out.dtype, (None, 0))
-    if kernel is None or not (A.dtype == B.dtype == out.dtype) or out.device.type != "cpu":
+    checked = _checked("trsm", out, A, B)
+    if checked is None or A.shape[-1] != A.shape[-2]:
         return None
-    if A.dim() < 2 or B.dim() < 2 or out.dim() < 2 or A.shape[-1] != A.shape[-2]:
-        return None
+    kernel, blas, batch = checked
     rows, cols = out.shape[-2:]
     if B.shape[-2:] != out.shape[-2:] or A.shape[-1] != (rows if left else cols):
-        return None
-    batch = tuple(out.shape[:-2])
-    try:
-        if torch.broadcast_shapes(A.shape[:-2], B.shape[:-2], batch) != batch:
-            return None
-    except RuntimeError:
         return None
     read_a, read_x = _column_major(A), _column_major(out)
     if read_a is None or read_x is None or read_x[0] or min(rows, cols) == 0:
@@ -276,28 +289,25 @@ def direct_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Callab
     where it cannot (see :func:`direct_solve_triangular`). A row-major ``out`` is computed
     as ``out^T = b^T a^T``, as torch computes it.
 
-    Example (where the functions were built)::
+    Example (on Linux, once the functions are built)::
 
+        >>> from probtorch.inference.combined_kernels import build_library
+        >>> build_library()
+        True
         >>> a = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
         >>> b = torch.tensor([[3.0], [4.0]], dtype=torch.float64)
         >>> out = torch.empty(1, 1, dtype=torch.float64)
         >>> product = direct_matmul(a, b, out)
-        >>> product is None or (product(), out)[1].tolist() == [[11.0]]
-        True
+        >>> product()
+        >>> out.tolist()
+        [[11.0]]
     """
-    kernel, blas = _KINDS["gemm"].get(out.dtype, (None, 0))
-    if kernel is None or not (a.dtype == b.dtype == out.dtype) or out.device.type != "cpu":
+    checked = _checked("gemm", out, a, b)
+    if checked is None or a.shape[-1] != b.shape[-2]:
         return None
-    if a.dim() < 2 or b.dim() < 2 or out.dim() < 2 or a.shape[-1] != b.shape[-2]:
-        return None
+    kernel, blas, batch = checked
     rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
     if out.shape[-2:] != (rows, cols) or min(rows, inner, cols) == 0:
-        return None
-    batch = tuple(out.shape[:-2])
-    try:
-        if torch.broadcast_shapes(a.shape[:-2], b.shape[:-2], batch) != batch:
-            return None
-    except RuntimeError:
         return None
     read_a, read_b, read_out = _column_major(a), _column_major(b), _column_major(out)
     if read_a is None or read_b is None or read_out is None:
@@ -325,22 +335,23 @@ def direct_cholesky(
     into ``(L, info)`` through LAPACK's potrf, for these tensors, or None where it cannot
     (see :func:`direct_solve_triangular`; ``L`` must be column-major, ``info`` int32).
 
-    Example (where the functions were built)::
+    Example (on Linux, once the functions are built)::
 
+        >>> from probtorch.inference.combined_kernels import build_library
+        >>> build_library()
+        True
         >>> A = torch.tensor([[4.0, 2.0], [2.0, 5.0]], dtype=torch.float64)
         >>> L, info = torch.empty(2, 2, dtype=torch.float64).mT, torch.empty((), dtype=torch.int32)
         >>> factor = direct_cholesky(A, L, info)
-        >>> factor is None or ((factor(), L)[1].tolist(), int(info)) == (
-        ...     [[2.0, 0.0], [1.0, 2.0]], 0)
-        True
+        >>> factor()
+        >>> L.tolist(), int(info)
+        ([[2.0, 0.0], [1.0, 2.0]], 0)
     """
-    kernel, lapack = _KINDS["potrf"].get(L.dtype, (None, 0))
-    if kernel is None or A.dtype != L.dtype or info.dtype != torch.int32:
+    checked = _checked("potrf", L, A)
+    if checked is None or info.dtype != torch.int32 or A.shape != L.shape:
         return None
-    if L.device.type != "cpu" or A.dim() < 2 or A.shape != L.shape or A.shape[-1] != A.shape[-2]:
-        return None
-    batch = tuple(L.shape[:-2])
-    if tuple(info.shape) != batch or A.shape[-1] == 0:
+    kernel, lapack, batch = checked
+    if A.shape[-1] != A.shape[-2] or tuple(info.shape) != batch or A.shape[-1] == 0:
         return None
     read_l = _column_major(L)
     if read_l is None or read_l[0] or max(read_l[1], A.shape[-1]) >= 2**31:
