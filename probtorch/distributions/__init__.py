@@ -31,6 +31,7 @@ from .censored import (  # noqa: F401
 from .constraint_registry import biject_to  # noqa: F401
 from .fixes import (  # noqa: F401  (fixed versions of Pyro's, same names)
     LKJ,
+    Bernoulli,
     Beta,
     BetaBinomial,
     Categorical,
