@@ -635,3 +635,38 @@ def test_tails_helpers_accurate(float64):
     d = dist.Normal(0.0, 1.0)
     q = torch.tensor([1e-300, 1e-20, 0.3])
     np.testing.assert_allclose(_tails.isf(d, q).numpy(), stats.norm.isf(q.numpy()), rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bernoulli_log_prob_and_gradient_match_the_exact_values(dtype):
+    """probtorch's Bernoulli computes y x - softplus(x) with one exponential and one
+    logarithm (torch's takes two exponentials and a logarithm): values within roundings
+    of the exact log density (numpy's logaddexp) for logits from -1e4 to 1e4, and gradients
+    y - sigmoid(x), y - 1/2 at x = 0 exactly."""
+    gen = torch.Generator().manual_seed(2)
+    special_logits = [0.0, -0.0, 1e-30, -1e-30, 17.0, -17.0, 40.0, -40.0, 1e4, -1e4]
+    logits = torch.cat([torch.tensor(special_logits), 8 * torch.randn(500, generator=gen)])
+    logits = logits.to(dtype)
+    eps = torch.finfo(dtype).eps
+    for value in (torch.zeros_like(logits), torch.ones_like(logits)):
+        x = logits.clone().requires_grad_()
+        d = dist.Bernoulli(logits=x)
+        assert isinstance(d, torch.distributions.Bernoulli)
+        log_prob = d.log_prob(value)
+        (grad,) = torch.autograd.grad(log_prob.sum(), x)
+        x64, y64 = logits.double().numpy(), value.double().numpy()
+        exact = y64 * x64 - np.logaddexp(0.0, x64)
+        scale = np.maximum(1.0, np.abs(x64))  # a rounding of x + log(1 + exp(-|x|))
+        assert np.all(np.abs(log_prob.detach().double().numpy() - exact) <= 4 * eps * scale)
+        exact_grad = torch.from_numpy(y64 - special.expit(x64)).to(dtype)
+        torch.testing.assert_close(grad, exact_grad, rtol=0, atol=4 * eps)
+        assert float(grad[0]) == float(value[0]) - 0.5
+        reference = torch.distributions.Bernoulli(logits=logits).log_prob(value)
+        difference = (log_prob.detach() - reference).double().abs().numpy()
+        assert np.all(difference <= 8 * eps * scale)  # both within roundings of the exact
+    expanded = dist.Bernoulli(logits=torch.zeros(3)).expand([2, 3])
+    assert type(expanded) is dist.Bernoulli and expanded.batch_shape == (2, 3)
+    by_probs = dist.Bernoulli(probs=torch.tensor([0.2, 0.9]))
+    torch.testing.assert_close(
+        by_probs.log_prob(torch.tensor([1.0, 0.0])), torch.tensor([0.2, 0.1]).log()
+    )

@@ -241,3 +241,52 @@ def test_library_calls_are_replayed_through_torch_python_bindings():
     # a binding that computes something else is not taken
     assert same(aten.bmm.default, (x, y), {}, torch.bmm(x, y) + 1) is None
 
+
+
+def _step_with_draws(x, noise_scale):
+    """Writes ``x`` from two draws of torch's generator inside the graph (Inductor's
+    ``fallback_random``: torch's sampler, ``aten.normal_functional``)."""
+    first = torch.empty(3).normal_()
+    second = torch.empty(2, 3).normal_(1.0, 2.0)
+    x.copy_(torch.tanh(x) + noise_scale * (first + second.sum(0)))
+    return (x.sum(),)
+
+
+def test_replay_draws_random_numbers_into_fixed_buffers_with_torchs_bits():
+    """A random call of the generated code (``normal_functional``) is replayed as
+    ``normal_`` into a buffer fixed when binding: the same draws bit for bit, the generator
+    left in the same state, on every call."""
+    inputs = [torch.zeros(3), torch.tensor(0.5)]
+    gm = make_fx(_step_with_draws)(*[t.clone() for t in inputs])
+    options = {"config_patches": {"fallback_random": True}}
+    call, pool = generated_call.compile_graph(
+        gm, inputs, options, written=[0], pool_buffers=True, replay=True
+    )
+    tape = call.bind.__self__
+    draws = [s for s in tape._steps if s[0] == "op" and "normal" in str(s[1])]
+    assert len(draws) == 2
+    assert all(s[4] is not None and s[4][0] is generated_call._normal_into for s in draws)
+    assert tape.num_out_calls >= 2
+    direct_x, replay_x = torch.zeros(3), torch.zeros(3)
+    torch.manual_seed(11)
+    expected = []
+    for _ in range(4):
+        pool.start()
+        expected.append(call([direct_x, inputs[1]])[0].clone())
+    after_direct = torch.random.get_rng_state()
+    torch.manual_seed(11)
+    step = call.bind([replay_x, inputs[1]])
+    got = [step()[0].clone() for _ in range(4)]
+    assert generated_call._bitwise_equal(expected, got)
+    assert torch.equal(direct_x, replay_x)
+    assert torch.equal(torch.random.get_rng_state(), after_direct)
+
+
+def test_random_plan_is_refused_for_another_generator():
+    gen = torch.Generator().manual_seed(0)
+    before = torch.random.get_rng_state()
+    op = torch.ops.aten.normal_functional.default
+    result = op(torch.empty(4), 0.0, 1.0, generator=gen)
+    assert generated_call._random_plan(op, (torch.empty(4), 0.0, 1.0), {"generator": gen},
+                                       result, before) is None  # fmt: skip
+    assert torch.equal(torch.random.get_rng_state(), before)

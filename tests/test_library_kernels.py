@@ -1,5 +1,6 @@
-"""Triangular solves straight through BLAS (library_kernels.py): the same results as
-torch's solve for every layout they take, refused for what they cannot read, and used by
+"""Triangular solves, matrix products, matrix-vector products and Cholesky factors straight
+through BLAS/LAPACK (library_kernels.py): the same results as torch for every layout they
+take, refused for what they cannot read, and used by
 replayed NUTS calls where they give torch's bits."""
 
 import pytest
@@ -14,7 +15,7 @@ from probtorch.inference.combined_kernels import build_library
 def built():
     """The functions built and taken into use, as a compiled step's combined unit does."""
     assert build_library()
-    for kind in ("trsm", "gemm", "potrf"):
+    for kind in ("trsm", "gemm", "potrf", "gemv"):
         assert set(library_kernels._KINDS[kind]) == {torch.float64, torch.float32}
 
 
@@ -155,3 +156,28 @@ def test_direct_cholesky_gives_torchs_factor_and_info(upper):
     row_major = torch.empty(3, 5, 5, dtype=torch.float64)
     assert library_kernels.direct_cholesky(A, row_major, info) is None
     assert library_kernels.direct_cholesky(A, L, info.long()) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("layout", ["row-major", "column-major", "padded", "strided vector"])
+def test_direct_matvec_gives_torchs_bits(dtype, layout):
+    """torch's mv calls BLAS's gemv (transposed for a row-major matrix): the direct call
+    makes the same call, so the bits are torch's for every layout."""
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(300, 25, generator=gen, dtype=dtype)
+    x = torch.randn(25, generator=gen, dtype=dtype)
+    if layout == "column-major":
+        a = a.mT.contiguous().mT
+    elif layout == "padded":  # leading dimension larger than the rows
+        a = torch.randn(25, 320, generator=gen, dtype=dtype)[:, :300].mT
+    elif layout == "strided vector":
+        x = torch.randn(50, generator=gen, dtype=dtype)[::2]
+    expected = torch.mv(a, x)
+    out = torch.empty_like(expected)
+    product = library_kernels.direct_matvec(a, x, out)
+    assert product is not None
+    product()
+    assert generated_call._bitwise_equal(out, expected)
+    assert library_kernels.direct_matvec(a, x[:-1], out) is None  # wrong length
+    assert library_kernels.direct_matvec(a, x, out.to(torch.float16)) is None
+    assert library_kernels.direct_matvec(a[None], x, out) is None  # not a matrix

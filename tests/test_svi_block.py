@@ -11,7 +11,7 @@ from torch import nn
 import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.distributions import constraints
-from probtorch.inference import SVI, Trace_ELBO
+from probtorch.inference import SVI, Trace_ELBO, generated_call
 from probtorch.inference.compile import count_compiles
 from probtorch.inference.svi_block import InPlaceBlock
 
@@ -191,3 +191,47 @@ def test_block_calls_generated_code_directly_with_eagers_results(monkeypatch, di
     assert graphs
     for graph in graphs:
         assert graph.fn.__qualname__.startswith("direct_call.") == (direct == "1")
+        # the call is recorded and replayed (generated_call.CallTape) where direct
+        assert hasattr(graph.fn, "bind") == (direct == "1")
+
+
+def logistic_model(X, y):
+    beta = pt.sample("beta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with pt.plate("n", X.shape[0]):
+        pt.sample("y", dist.Bernoulli(logits=X @ beta), obs=y)
+
+
+def logistic_guide(X, y):
+    loc = pt.param("loc", torch.zeros(X.shape[1]))
+    scale = pt.param("scale", torch.full((X.shape[1],), 0.1), constraint=constraints.positive)
+    pt.sample("beta", dist.Normal(loc, scale).to_event(1))
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 4])
+def test_replayed_block_makes_products_and_draws_directly_with_eagers_results(steps_per_call):
+    """The logistic regression's block is replayed with its matrix-vector products as
+    direct BLAS calls and its guide's draws as ``normal_`` into fixed buffers; losses and
+    params agree with eager SVI (the same draws)."""
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(200, 5, generator=gen)
+    y = (torch.rand(200, generator=gen) < torch.sigmoid(X @ torch.ones(5))).to(X.dtype)
+    compiled, eager = _pair(logistic_model, logistic_guide, steps_per_call=steps_per_call)
+    recorded = []
+    original = generated_call.CallTape.record.__func__
+
+    def spy(cls, module, constants, inputs):
+        tape, out = original(cls, module, constants, inputs)
+        recorded.append(tape)
+        return tape, out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(generated_call.CallTape, "record", classmethod(spy))
+        _same(compiled, eager, X, y, steps=2 * steps_per_call + 1)
+    assert recorded
+    ops = [step for tape in recorded for step in tape._steps if step[0] == "op"]
+    products = [s for s in ops if s[1] is torch.ops.aten.mv.default]
+    draws = [s for s in ops if s[1] is torch.ops.aten.normal_functional.default]
+    assert len(products) == 2 * steps_per_call * len(recorded)
+    assert all(s[4] is not None and s[4][4] is not None for s in products)  # direct gemv
+    assert len(draws) == steps_per_call * len(recorded)
+    assert all(s[4] is not None and s[4][0] is generated_call._normal_into for s in draws)

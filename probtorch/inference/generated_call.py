@@ -435,8 +435,13 @@ class CallTape:
         def on_op(func, op_args, op_kwargs):
             flat, spec = pytree.tree_flatten((op_args, op_kwargs))
             provenances = [provenance(a) for a in flat]
+            drawn = func in _RANDOM_INTO  # random numbers: the generator's state is kept
+            before = torch.random.get_rng_state() if drawn else None
             out = func(*op_args, **op_kwargs)
-            plan = _out_plan(func, op_args, op_kwargs, out)
+            if drawn:
+                plan = _random_plan(func, op_args, op_kwargs, out, before)
+            else:
+                plan = _out_plan(func, op_args, op_kwargs, out)
             binding = _same_binding(func, op_args, op_kwargs, out)
             direct = _direct_out_call(func, op_args, op_kwargs) if binding else None
             steps.append(("op", func, provenances, spec, plan, binding, direct))
@@ -692,6 +697,40 @@ def _out_plan(func, args, kwargs, result) -> tuple | None:
     return None
 
 
+def _normal_into(self, mean=0.0, std=1.0, *, generator=None, out):
+    """``aten.normal_functional`` (a copy of ``self`` filled with normal draws) written
+    into ``out``: the draws of ``out.normal_``, which takes the generator's numbers as the
+    functional form does (checked per call when recording, :func:`_random_plan`)."""
+    out.normal_(mean, std, generator=generator)
+
+
+# Random library calls replayed into fixed buffers: op -> the call that fills ``out``.
+_RANDOM_INTO = {torch.ops.aten.normal_functional.default: _normal_into}
+
+
+def _random_plan(func, args, kwargs, result, before: torch.Tensor) -> tuple | None:
+    """The :func:`_out_plan` of a random call (:data:`_RANDOM_INTO`) of torch's default CPU
+    generator, which drew ``result`` from the generator state ``before``: the fill-in-place
+    call where, from the same state, it writes the same bits and leaves the generator in
+    the same state; else None. The generator's state is as after the recorded call."""
+    into = _RANDOM_INTO[func]
+    if kwargs.get("generator") is not None or not isinstance(result, torch.Tensor):
+        return None
+    if result.device.type != "cpu":
+        return None
+    after = torch.random.get_rng_state()
+    try:
+        torch.random.set_rng_state(before)
+        same = _writes_bit_for_bit(lambda buffers: into(*args, **kwargs, out=buffers[0]), (result,))
+        same = bool(same) and torch.equal(torch.random.get_rng_state(), after)
+    finally:
+        torch.random.set_rng_state(after)
+    if not same:
+        return None
+    meta = (tuple(result.shape), result.stride(), result.dtype, result.device)
+    return into, ["out"], [meta], None, None
+
+
 def _direct_library_call(func, args, kwargs, results) -> Callable | None:
     """A function ``(args, kwargs, outs) -> call of no arguments`` that makes the library
     call through :mod:`.library_kernels` into ``outs``, where it wrote ``results`` bit for
@@ -730,7 +769,9 @@ _DIRECT_OPS = {
     _aten.linalg_solve_triangular.default,
     _aten.mm.default,
     _aten.bmm.default,
+    _aten.mv.default,
     _aten.mm.out,
+    _aten.mv.out,
     _aten.bmm.out,
     _aten.baddbmm.out,
 }
@@ -768,6 +809,8 @@ def _direct(func, given: dict, outs: tuple) -> Callable | None:
         if given.get("beta", 1) != 0 or given.get("alpha", 1) != 1:
             return None
         return library_kernels.direct_matmul(given["batch1"], given["batch2"], outs[0])
+    if func in (aten.mv.default, aten.mv.out):
+        return library_kernels.direct_matvec(given["self"], given["vec"], outs[0])
     return library_kernels.direct_matmul(given["self"], given["mat2"], outs[0])
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "SOURCES",
     "direct_cholesky",
     "direct_matmul",
+    "direct_matvec",
     "direct_solve_triangular",
     "register",
 ]
@@ -105,6 +106,28 @@ extern "C" void kernel(const {t}* A, const {t}* B, {t}* C, const int64_t* offset
 """
 )
 
+# y = op(A) x, A column-major (rows x cols, leading dimension lda), x and y with strides
+# incx, incy; mode 1 transposes A. torch's mv calls the same gemv with beta 0.
+_GEMV = (
+    _PRELUDE
+    + r"""
+using probtorch_gemv = void (*)(const char*, const int*, const int*, const {t}*, const {t}*,
+                                const int*, const {t}*, const int*, const {t}*, {t}*,
+                                const int*);
+extern "C" void kernel(const {t}* A, const {t}* x, {t}* y, int64_t rows, int64_t cols,
+                       int64_t lda, int64_t incx, int64_t incy, int64_t mode, int64_t blas)
+{{
+    const auto gemv = reinterpret_cast<probtorch_gemv>(blas);
+    const char trans = (mode & 1) ? 'T' : 'N';
+    const int m = static_cast<int>(rows), n = static_cast<int>(cols);
+    const int ld_a = static_cast<int>(lda), inc_x = static_cast<int>(incx);
+    const int inc_y = static_cast<int>(incy);
+    const {t} one = 1, zero = 0;
+    gemv(&trans, &m, &n, &one, A, &ld_a, x, &inc_x, &zero, y, &inc_y);
+}}
+"""
+)
+
 # L[b] = the Cholesky factor of A[b] as torch's linalg_cholesky_ex makes it: A copied into
 # column-major L, LAPACK's potrf, the other triangle zeroed; info[b] = potrf's info.
 _POTRF = (
@@ -145,12 +168,18 @@ _ROUTINES = [
     ("gemm", torch.float32, "sgemm_", _GEMM),
     ("potrf", torch.float64, "dpotrf_", _POTRF),
     ("potrf", torch.float32, "spotrf_", _POTRF),
+    ("gemv", torch.float64, "dgemv_", _GEMV),
+    ("gemv", torch.float32, "sgemv_", _GEMV),
 ]
+_ARGUMENT_TYPES = {
+    "potrf": lambda t: [f"const {t}*", f"{t}*", "int32_t*", "const int64_t*", *["int64_t"] * 7],
+    "gemv": lambda t: [f"const {t}*", f"const {t}*", f"{t}*", *["int64_t"] * 7],
+}
 SOURCES: list[tuple[list[str], str]] = [
     (
-        [f"const {t}*", f"const {t}*", f"{t}*", "const int64_t*", *["int64_t"] * 9]
-        if kind != "potrf"
-        else [f"const {t}*", f"{t}*", "int32_t*", "const int64_t*", *["int64_t"] * 7],
+        _ARGUMENT_TYPES[kind](t)
+        if kind in _ARGUMENT_TYPES
+        else [f"const {t}*", f"const {t}*", f"{t}*", "const int64_t*", *["int64_t"] * 9],
         source.format(t=t),
     )
     for kind, dtype, _, source in _ROUTINES
@@ -159,7 +188,9 @@ SOURCES: list[tuple[list[str], str]] = [
 
 _lock = threading.Lock()
 # routine kind -> dtype -> (built function, address of the BLAS routine it calls)
-_KINDS: dict[str, dict[torch.dtype, tuple[Callable, int]]] = {"trsm": {}, "gemm": {}, "potrf": {}}
+_KINDS: dict[str, dict[torch.dtype, tuple[Callable, int]]] = {
+    kind: {} for kind in ("trsm", "gemm", "potrf", "gemv")
+}
 
 
 def _blas_address(name: str) -> int | None:
@@ -362,3 +393,39 @@ def direct_cholesky(
         kernel, A, L, info, offsets, offsets.shape[0], A.shape[-1], a_row, a_col, read_l[1],
         int(upper), lapack,
     )  # fmt: skip
+
+
+def direct_matvec(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None] | None:
+    """A function of no arguments that writes ``a @ x`` (a matrix times a vector) into
+    ``out`` through BLAS's gemv, as torch's ``mv`` does, for these tensors, or None where
+    it cannot (see :func:`direct_solve_triangular`).
+
+    Example (on Linux, once the functions are built)::
+
+        >>> from probtorch.inference.combined_kernels import build_library
+        >>> build_library()
+        True
+        >>> a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+        >>> out = torch.empty(2)
+        >>> product = direct_matvec(a, torch.tensor([1.0, 1.0]), out)
+        >>> product()
+        >>> out.tolist()
+        [3.0, 7.0]
+    """
+    kernel, blas = _KINDS["gemv"].get(out.dtype, (None, 0))
+    if kernel is None or out.device.type != "cpu" or a.dim() != 2 or x.dim() != 1:
+        return None
+    if out.dim() != 1 or a.dtype != out.dtype or x.dtype != out.dtype:
+        return None
+    rows, cols = a.shape
+    if x.shape[0] != cols or out.shape[0] != rows or min(rows, cols) == 0:
+        return None
+    read_a = _column_major(a)
+    incx, incy = x.stride()[0], out.stride()[0]
+    if read_a is None or incx < 1 or incy < 1:
+        return None
+    transposed, lda = read_a
+    m, n = (cols, rows) if transposed else (rows, cols)
+    if max(lda, m, n, incx, incy) >= 2**31:
+        return None
+    return functools.partial(kernel, a, x, out, m, n, lda, incx, incy, int(transposed), blas)

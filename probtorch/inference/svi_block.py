@@ -29,6 +29,7 @@ name the problem (a data-dependent branch is a graph break there).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import warnings
 from collections.abc import Callable
@@ -54,11 +55,28 @@ def _meta(x) -> tuple:
 
 
 class _Compiled:
-    def __init__(self, fn, buffers, tensor_positions, state_spec):
+    def __init__(self, fn, pool, buffers, tensor_positions, state_spec):
         self.fn = fn
+        self.pool = pool
         self.buffers = buffers
         self.tensor_positions = tensor_positions
         self.state = tuple(pytree.tree_unflatten(buffers, state_spec))  # what calls return
+
+    def runner(self, inputs: list) -> Callable[[], tuple]:
+        """The graph's call on ``inputs`` (the same list each call), as a function of no
+        arguments: the recorded call replayed where it was accepted
+        (:class:`~.generated_call.CallTape`), else the generated code on pooled buffers."""
+        bind = getattr(self.fn, "bind", None)
+        if bind is not None:
+            return bind(inputs)
+        if self.pool is None:
+            return functools.partial(self.fn, inputs)
+
+        def run(start=self.pool.start, fn=self.fn):
+            start()
+            return fn(inputs)
+
+        return run
 
 
 class InPlaceBlock:
@@ -133,12 +151,12 @@ class InPlaceBlock:
         state = (flat, opt_state, elbo_state, last_good)
         repeat = self._repeat
         if repeat is not None and self._same_call(repeat, state, active, lrs, args, kwargs):
-            compiled, inputs = repeat[2], repeat[3]
+            compiled, run = repeat[2], repeat[3]
         else:
-            compiled, inputs = self._prepare(state, active, lrs, args, kwargs)
+            compiled, run = self._prepare(state, active, lrs, args, kwargs)
             if compiled is None:
                 return self._fallback(*state, active, lrs, args, kwargs)
-        (report,) = compiled.fn(inputs)
+        (report,) = run()
         return (*compiled.state, report)
 
     def _same_call(self, repeat, state, active, lrs, args, kwargs) -> bool:
@@ -155,7 +173,8 @@ class InPlaceBlock:
 
     def _prepare(self, state, active, lrs, args, kwargs):
         """The graph for these arguments (compiled if new; None: use the fallback) and its
-        inputs, with the state copied into the graph's buffers."""
+        call on them (:meth:`_Compiled.runner`), with the state copied into the graph's
+        buffers."""
         state_leaves, state_spec = pytree.tree_flatten(state)
         arg_leaves, arg_spec = pytree.tree_flatten((active, lrs, args, kwargs))
         compiled = None
@@ -190,13 +209,14 @@ class InPlaceBlock:
             if buffer is not value:  # new params (init_params, a non-finite step, a new run)
                 buffer.copy_(value)
         inputs = compiled.buffers + [arg_leaves[i] for i in compiled.tensor_positions]
+        run = compiled.runner(inputs)
         self._repeat = (
             compiled.state,
             (active, lrs, tuple(args), dict(kwargs)),
             compiled,
-            inputs,
+            run,
         )
-        return compiled, inputs
+        return compiled, run
 
     def _fingerprint(self, state_leaves, state_spec, arg_leaves, arg_spec) -> tuple:
         """Capture the probe and summarize what it computes: its code and the values of the
@@ -251,11 +271,17 @@ class InPlaceBlock:
         buffers = [x.detach().clone() for x in state_leaves]
         example = buffers + [arg_leaves[i] for i in tensor_positions]
         with torch_validation(False):
-            # called through Inductor's generated code where one checked call shows that
-            # this computes what the compiled artifact computes (no AOT autograd wrappers
-            # per call); pooling its buffers as NUTS does made no measurable difference
-            fn, _ = compile_graph(gm, example, self.compile_kwargs, written=range(len(buffers)))
-        return _Compiled(fn, buffers, tensor_positions, state_spec)
+            # called as a recorded call replayed where one checked call shows that this
+            # computes what the compiled artifact computes (generated_call.py)
+            fn, pool = compile_graph(
+                gm,
+                example,
+                self.compile_kwargs,
+                written=range(len(buffers)),
+                pool_buffers=True,
+                replay=True,
+            )
+        return _Compiled(fn, pool, buffers, tensor_positions, state_spec)
 
 
 def _digest(t: torch.Tensor) -> tuple:
