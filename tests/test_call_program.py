@@ -143,3 +143,40 @@ def test_ctrl_c_stops_a_program_between_whole_calls(default_sigint, monkeypatch)
     assert int(out.steps[0]) > 0 and torch.isfinite(out.x).all()
     assert (out.steps == out.steps[0]).all()  # every chain made the same whole calls
     assert len(loops) > 1  # through the program, interrupted between its C++ loops
+
+
+def test_a_program_calls_python_steps_and_stops_at_their_exceptions():
+    """A random draw of the replayed call (``normal_`` into a fixed buffer) is a Python
+    step of the program: the same draws as the Python replay; a Python step that raises
+    stops the loop, and its exception comes out of the call."""
+    from test_generated_call import _step_with_draws
+
+    inputs = [torch.zeros(3), torch.tensor(0.5)]
+    gm = make_fx(_step_with_draws)(*[t.clone() for t in inputs])
+    options = {"config_patches": {"fallback_random": True}}
+    call, _ = generated_call.compile_graph(
+        gm, inputs, options, written=[0], pool_buffers=True, replay=True
+    )
+    by_python, by_program = torch.zeros(3), torch.zeros(3)
+    torch.manual_seed(4)
+    replay = call.bind([by_python, inputs[1]])
+    sums = [replay()[0].clone() for _ in range(3)]
+    torch.manual_seed(4)
+    run = call.bind([by_program, inputs[1]])
+    assert run.program is not None
+    calls = torch.zeros(1, dtype=torch.int64)
+    call_program.run(run.program, torch.zeros((), dtype=torch.bool), 3, calls)
+    assert int(calls[0]) == 3
+    assert torch.equal(by_python, by_program) and torch.equal(sums[-1], run.result[0])
+
+    def fails():
+        raise ValueError("a failing step")
+
+    touched = torch.zeros(1)
+    steps = [(call_program.PYTHON, lambda: touched.add_(1)), (call_program.PYTHON, fails)]
+    program = call_program.program(steps)  # steps keeps the callables alive
+    with pytest.raises(SystemError) as raised:
+        call_program.run(program, torch.zeros((), dtype=torch.bool), 5, calls)
+    assert isinstance(raised.value.__cause__, ValueError)
+    assert int(touched) == 1 and int(calls[0]) == 0  # stopped within the first call
+    assert call_program.program([(call_program.PYTHON, "not callable")]) is None

@@ -94,9 +94,10 @@ def test_a_combined_unit_that_fails_to_build_falls_back_to_one_library_per_kerne
 def test_the_combined_unit_brings_the_direct_blas_calls(monkeypatch):
     from probtorch.inference import library_kernels
 
-    monkeypatch.setattr(library_kernels, "_KINDS", {"trsm": {}, "gemm": {}, "potrf": {}})
+    kinds = ("trsm", "gemm", "potrf", "gemv", "matvec")
+    monkeypatch.setattr(library_kernels, "_KINDS", {kind: {} for kind in kinds})
     _compile(threads=1)
-    for kind in ("trsm", "gemm", "potrf"):
+    for kind in kinds:
         assert set(library_kernels._KINDS[kind]) == {torch.float64, torch.float32}
 
 

@@ -181,3 +181,60 @@ def test_direct_matvec_gives_torchs_bits(dtype, layout):
     assert library_kernels.direct_matvec(a, x[:-1], out) is None  # wrong length
     assert library_kernels.direct_matvec(a, x, out.to(torch.float16)) is None
     assert library_kernels.direct_matvec(a[None], x, out) is None  # not a matrix
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    "shape, layout",
+    [((5000, 25), "column-major"), ((5000, 25), "row-major"), ((25, 5000), "row-major"),
+     ((37, 3), "column-major"), ((1, 9), "row-major"), ((9, 1), "column-major")],
+)  # fmt: skip
+def test_own_matvec_agrees_with_torch_and_repeats_its_bits(dtype, shape, layout):
+    """probtorch's own matrix-vector loops (not BLAS): within roundings of torch's ``mv``
+    (error bounds of a sum of ``cols`` products), the same bits on every call."""
+    gen = torch.Generator().manual_seed(8)
+    a = torch.randn(*shape, generator=gen, dtype=dtype)
+    if layout == "column-major":
+        a = a.mT.contiguous().mT
+    x = torch.randn(shape[1], generator=gen, dtype=dtype)
+    out, again = torch.empty(shape[0], dtype=dtype), torch.empty(shape[0], dtype=dtype)
+    product = library_kernels.own_matvec(a, x, out)
+    assert product is not None
+    product()
+    library_kernels.own_matvec(a, x, again)()
+    assert generated_call._bitwise_equal(out, again)
+    exact = a.double() @ x.double()
+    bound = 2 * shape[1] * torch.finfo(dtype).eps * (a.double().abs() @ x.double().abs())
+    assert bool(((out.double() - exact).abs() <= bound).all())
+    strided = torch.randn(2 * shape[1], generator=gen, dtype=dtype)[::2]
+    refused = library_kernels.own_matvec(a, strided, out) is None
+    assert refused == (layout == "row-major" and shape[0] > 1 and shape[1] > 1)
+    assert library_kernels.own_matvec(a, x, out.to(torch.float16)) is None
+
+
+def test_matvec_op_is_own_matvec_and_the_pass_replaces_mv():
+    """``probtorch::matvec`` computes what own_matvec computes (copies for layouts it does
+    not read); :func:`use_own_matvec` puts it in place of a graph's float ``aten.mv``."""
+    from probtorch.inference.matvec_op import use_own_matvec
+
+    gen = torch.Generator().manual_seed(9)
+    a = torch.randn(40, 6, generator=gen)
+    x = torch.randn(6, generator=gen)
+    direct = torch.empty(40)
+    library_kernels.own_matvec(a, x, direct)()
+    assert generated_call._bitwise_equal(torch.ops.probtorch.matvec(a, x), direct)
+    out = torch.empty(40)
+    torch.ops.probtorch.matvec.out(a, x, out=out)
+    assert generated_call._bitwise_equal(out, direct)
+    sliced = torch.randn(40, 12, generator=gen)[:, ::2]  # neither row- nor column-major
+    torch.testing.assert_close(torch.ops.probtorch.matvec(sliced, x), torch.mv(sliced, x))
+
+    def model(a, x, n):
+        return (torch.mv(a, x).sum() + torch.mv(n, n[0]).sum(),)
+
+    n = torch.ones(3, 3, dtype=torch.int64)
+    gm = make_fx(model, tracing_mode="fake")(a, x, n)
+    assert use_own_matvec(gm) == 1  # the integer product keeps aten.mv
+    targets = [node.target for node in gm.graph.nodes if node.op == "call_function"]
+    assert torch.ops.probtorch.matvec.default in targets and torch.ops.aten.mv.default in targets
+    torch.testing.assert_close(gm(a, x, n)[0], model(a, x, n)[0])

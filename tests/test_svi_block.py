@@ -11,7 +11,7 @@ from torch import nn
 import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.distributions import constraints
-from probtorch.inference import SVI, Trace_ELBO, generated_call
+from probtorch.inference import SVI, Trace_ELBO, call_program, generated_call, svi_block
 from probtorch.inference.compile import count_compiles
 from probtorch.inference.svi_block import InPlaceBlock
 
@@ -207,11 +207,20 @@ def logistic_guide(X, y):
     pt.sample("beta", dist.Normal(loc, scale).to_event(1))
 
 
+@pytest.mark.parametrize("own", [True, False])
 @pytest.mark.parametrize("steps_per_call", [1, 4])
-def test_replayed_block_makes_products_and_draws_directly_with_eagers_results(steps_per_call):
-    """The logistic regression's block is replayed with its matrix-vector products as
-    direct BLAS calls and its guide's draws as ``normal_`` into fixed buffers; losses and
-    params agree with eager SVI (the same draws)."""
+def test_replayed_block_makes_products_and_draws_directly_with_eagers_results(
+    monkeypatch, steps_per_call, own
+):
+    """The logistic regression's block is replayed as one C++ loop (call_program.py) with
+    its matrix-vector products as direct calls of probtorch's own kernel (matvec_op.py;
+    BLAS's gemv with PROBTORCH_OWN_MATVEC=0) and its guide's draws as ``normal_`` into
+    fixed buffers (a Python step of the loop); losses and params agree with eager SVI
+    (the same draws)."""
+    monkeypatch.setattr(svi_block, "_OWN_MATVEC", own)
+    programs = []
+    run_program = call_program.run
+    monkeypatch.setattr(call_program, "run", lambda *a: (programs.append(a[0]), run_program(*a))[1])
     gen = torch.Generator().manual_seed(3)
     X = torch.randn(200, 5, generator=gen)
     y = (torch.rand(200, generator=gen) < torch.sigmoid(X @ torch.ones(5))).to(X.dtype)
@@ -229,9 +238,11 @@ def test_replayed_block_makes_products_and_draws_directly_with_eagers_results(st
         _same(compiled, eager, X, y, steps=2 * steps_per_call + 1)
     assert recorded
     ops = [step for tape in recorded for step in tape._steps if step[0] == "op"]
-    products = [s for s in ops if s[1] is torch.ops.aten.mv.default]
+    product = torch.ops.probtorch.matvec if own else torch.ops.aten.mv
+    products = [s for s in ops if s[1] is product.default]
     draws = [s for s in ops if s[1] is torch.ops.aten.normal_functional.default]
     assert len(products) == 2 * steps_per_call * len(recorded)
-    assert all(s[4] is not None and s[4][4] is not None for s in products)  # direct gemv
+    assert all(s[4] is not None and s[4][4] is not None for s in products)  # direct calls
+    assert len(programs) == 3 + 1  # the three blocks, and the check when recording
     assert len(draws) == steps_per_call * len(recorded)
     assert all(s[4] is not None and s[4][0] is generated_call._normal_into for s in draws)

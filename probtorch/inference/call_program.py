@@ -12,13 +12,15 @@ after a call whose done flag (a bool the step writes) is set.
 The loop calls each function through a caller for its number of arguments, which calls
 it as a function of that many 64-bit integers: pointers and ``int64_t`` are passed alike
 on the platforms this runs on (Linux, where the loop is built); a kernel with another
-argument type (a float, say) keeps the Python replay. The callers are generated for the
-numbers of arguments of the kernels being built (the 100-d Gaussian's NUTS kernel takes
-177). The loop is built into
-the library of a compiled step's small kernels (:mod:`.combined_kernels`), so it costs no
-build of its own; steps of one kernel keep the Python replay. A program is used only after
-one call through it gave bit for bit what the Python replay gives
-(:func:`~.generated_call.replay_call`).
+argument type (a float, say) keeps the Python replay. A library call that has no C
+function but fixed arguments (a random draw into a fixed buffer, say) is a *Python step*:
+the loop calls it as a Python callable, with the GIL its binding holds; an exception it
+raises stops the loop and comes out of :func:`run` (as the cause of a SystemError). The
+callers are generated for the numbers of arguments of the kernels being built (the 100-d
+Gaussian's NUTS kernel takes 177). The loop is built into the library of a compiled
+step's small kernels (:mod:`.combined_kernels`), so it costs no build of its own. A
+program is used only after one call through it gave bit for bit what the Python replay
+gives (:func:`~.generated_call.replay_call`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 __all__ = [
+    "PYTHON",
     "SOURCES",
     "available",
     "callers_source",
@@ -43,6 +46,7 @@ __all__ = [
 
 _RUNNER = r"""#include <torch/csrc/inductor/cpp_prefix.h>
 using probtorch_caller = void (*)(void*, const int64_t*);
+extern "C" int probtorch_python_failed;  // set by a Python step that raised (callers)
 extern "C" void kernel(const int64_t* program, const bool* done, int64_t max_calls,
                        int64_t* calls_made)
 {
@@ -52,12 +56,31 @@ extern "C" void kernel(const int64_t* program, const bool* done, int64_t max_cal
         for (int64_t s = 0; s < program[0]; ++s) {
             reinterpret_cast<probtorch_caller>(step[0])(reinterpret_cast<void*>(step[1]),
                                                         step + 3);
+            if (probtorch_python_failed) {  // its exception is raised by the binding
+                probtorch_python_failed = 0;
+                calls_made[0] = calls;
+                return;
+            }
             step += 3 + step[2];
         }
         ++calls;
         if (*done) break;
     }
     calls_made[0] = calls;
+}
+"""
+
+# A Python step: a callable of no arguments (the PyObject's address as the function),
+# called with the GIL the loop's binding holds; an exception stops the loop and is raised
+# by the binding.
+_PYTHON_CALLER = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+extern "C" int probtorch_python_failed = 0;
+extern "C" void probtorch_call_python(void* f, const int64_t*) {
+    PyObject* result = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(f));
+    if (result == nullptr) probtorch_python_failed = 1;
+    else Py_DECREF(result);
 }
 """
 
@@ -69,14 +92,15 @@ _INTEGERS = {"int64_t", "long", "const int64_t", "const long"}
 _lock = threading.Lock()
 _runner: list[Callable] = []
 _entries: dict[int, tuple[object, int, tuple[str, ...]]] = {}
-_callers: dict[int, int] = {}  # number of arguments -> address of its caller
+_callers: dict = {}  # number of arguments (or PYTHON) -> address of its caller
+PYTHON = "python"  # a program step that calls a Python callable of no arguments
 
 
 def callers_source(arities: set[int]) -> str:
     """C++ for the callers of functions of each number of arguments in ``arities``:
     ``probtorch_call_<n>(function, arguments)`` calls ``function`` with the ``n`` 64-bit
     words at ``arguments``."""
-    parts = []
+    parts = [_PYTHON_CALLER]
     for n in sorted(arities):
         words = ", ".join(["int64_t"] * n) or "void"
         arguments = ", ".join(f"a[{i}]" for i in range(n))
@@ -90,6 +114,7 @@ def callers_source(arities: set[int]) -> str:
 def register_callers(path: str, arities: set[int]) -> None:
     """Note the callers :func:`callers_source` defined in the library at ``path``."""
     found = {n: symbol_address(path, f"probtorch_call_{n}") for n in arities}
+    found[PYTHON] = symbol_address(path, "probtorch_call_python")
     with _lock:
         for n, address in found.items():
             if address:
@@ -144,10 +169,18 @@ def _word(argtype: str, value) -> int | None:
 
 def program(steps: Sequence[tuple[Callable, Sequence]]) -> torch.Tensor | None:
     """The program for ``steps`` (``(Python binding, its arguments)`` each, called in
-    order), or None where one of them has no known C function or caller, or an argument
-    the loop cannot pass. A step is ``[caller, function, number of arguments, arguments]``."""
+    order; ``(PYTHON, callable)`` for a Python call of no arguments, which the caller must
+    keep alive as long as it runs the program), or None where one of them has no known C
+    function or caller, or an argument the loop cannot pass. A step is ``[caller,
+    function, number of arguments, arguments]``."""
     words = [len(steps)]
     for function, arguments in steps:
+        if function is PYTHON:
+            caller = _callers.get(PYTHON)
+            if caller is None or not callable(arguments):
+                return None
+            words += [caller, id(arguments), 0]
+            continue
         entry = _entries.get(id(function))
         caller = _callers.get(len(arguments))
         if entry is None or entry[0] is not function or caller is None:

@@ -34,7 +34,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import call_program
+from . import call_program, matvec_op  # noqa: F401  (matvec_op: defines probtorch::matvec)
 
 __all__ = [
     "BufferPool",
@@ -556,8 +556,11 @@ class CallTape:
             else:
                 calls.append(_library_call(step[5] or step[1], settled, step[3], value, step[6]))
             through = getattr(calls[-1], "direct", None)
+            python = getattr(calls[-1], "python", None)
             if c_steps is not None and through is not None:
                 c_steps.append((through.func, list(through.args)))
+            elif c_steps is not None and python is not None:  # a Python call in the loop
+                c_steps.append((call_program.PYTHON, python))
             else:
                 c_steps = None
             op_index += 1
@@ -765,6 +768,8 @@ def _direct_out_call(func, args, kwargs) -> Callable | None:
 
 _aten = torch.ops.aten
 _DIRECT_OPS = {
+    torch.ops.probtorch.matvec.default,
+    torch.ops.probtorch.matvec.out,
     _aten.linalg_cholesky_ex.default,
     _aten.linalg_solve_triangular.default,
     _aten.mm.default,
@@ -809,6 +814,8 @@ def _direct(func, given: dict, outs: tuple) -> Callable | None:
         if given.get("beta", 1) != 0 or given.get("alpha", 1) != 1:
             return None
         return library_kernels.direct_matmul(given["batch1"], given["batch2"], outs[0])
+    if func in (torch.ops.probtorch.matvec.default, torch.ops.probtorch.matvec.out):
+        return library_kernels.own_matvec(given["self"], given["vec"], outs[0])
     if func in (aten.mv.default, aten.mv.out):
         return library_kernels.direct_matvec(given["self"], given["vec"], outs[0])
     return library_kernels.direct_matmul(given["self"], given["mat2"], outs[0])
@@ -941,6 +948,7 @@ def _library_call_out(
             slots.append(results)
 
         call.direct = through  # a C function and its arguments (call_program.py), or None
+        call.python = bound  # the call as a Python callable of no arguments
         return call
 
     def call_later(slots):

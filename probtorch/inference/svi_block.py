@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import warnings
 from collections.abc import Callable
 
@@ -38,13 +39,17 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..validation import torch_validation
-from .generated_call import compile_graph
+from . import call_program
+from .generated_call import _FALSE, compile_graph
+from .matvec_op import use_own_matvec
 from .mcmc.executor import _replace_lift_fresh_copy
 
 __all__ = ["InPlaceBlock"]
 
 
 _MISSING = object()
+# Matrix-vector products with probtorch's own loops (matvec_op.py) instead of BLAS's gemv.
+_OWN_MATVEC = os.environ.get("PROBTORCH_OWN_MATVEC", "1").strip().lower() not in _FALSE
 
 
 def _meta(x) -> tuple:
@@ -68,7 +73,22 @@ class _Compiled:
         (:class:`~.generated_call.CallTape`), else the generated code on pooled buffers."""
         bind = getattr(self.fn, "bind", None)
         if bind is not None:
-            return bind(inputs)
+            run = bind(inputs)
+            program = getattr(run, "program", None)
+            if program is None:
+                return run
+            # the replayed calls as one C++ loop (call_program.py), one block per call
+            once, made, result = (
+                torch.ones((), dtype=torch.bool),
+                torch.zeros(1, dtype=torch.int64),
+                run.result,
+            )
+
+            def run_program(run=run):  # run keeps the program's Python steps alive
+                call_program.run(program, once, 1, made)
+                return result
+
+            return run_program
         if self.pool is None:
             return functools.partial(self.fn, inputs)
 
@@ -268,6 +288,8 @@ class InPlaceBlock:
         gm, tensor_positions = self._trace(
             self.block, state_leaves, state_spec, arg_leaves, arg_spec
         )
+        if _OWN_MATVEC:
+            use_own_matvec(gm)
         buffers = [x.detach().clone() for x in state_leaves]
         example = buffers + [arg_leaves[i] for i in tensor_positions]
         with torch_validation(False):
