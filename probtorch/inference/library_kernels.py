@@ -477,6 +477,21 @@ def direct_cholesky(
     )  # fmt: skip
 
 
+def _matvec_checked(kind: str, a, x, out) -> tuple:
+    """``(built function, routine address)`` for a ``kind`` call writing ``a @ x`` into
+    ``out`` (a matrix, a vector and a vector of matching sizes, none empty, of one dtype,
+    on the CPU), or ``(None, 0)``."""
+    kernel, routine = _KINDS[kind].get(out.dtype, (None, 0))
+    if kernel is None or out.device.type != "cpu" or a.dim() != 2 or x.dim() != 1:
+        return None, 0
+    if out.dim() != 1 or a.dtype != out.dtype or x.dtype != out.dtype:
+        return None, 0
+    rows, cols = a.shape
+    if x.shape[0] != cols or out.shape[0] != rows or min(rows, cols) == 0:
+        return None, 0
+    return kernel, routine
+
+
 def direct_matvec(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None] | None:
     """A function of no arguments that writes ``a @ x`` (a matrix times a vector) into
     ``out`` through BLAS's gemv, as torch's ``mv`` does, for these tensors, or None where
@@ -494,14 +509,10 @@ def direct_matvec(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> Callab
         >>> out.tolist()
         [3.0, 7.0]
     """
-    kernel, blas = _KINDS["gemv"].get(out.dtype, (None, 0))
-    if kernel is None or out.device.type != "cpu" or a.dim() != 2 or x.dim() != 1:
-        return None
-    if out.dim() != 1 or a.dtype != out.dtype or x.dtype != out.dtype:
+    kernel, blas = _matvec_checked("gemv", a, x, out)
+    if kernel is None:
         return None
     rows, cols = a.shape
-    if x.shape[0] != cols or out.shape[0] != rows or min(rows, cols) == 0:
-        return None
     read_a = _column_major(a)
     incx, incy = x.stride()[0], out.stride()[0]
     if read_a is None or incx < 1 or incy < 1:
@@ -534,14 +545,10 @@ def own_matvec(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> Callable[
         >>> out.tolist()
         [2.0, 8.0, 14.0]
     """
-    kernel, _ = _KINDS["matvec"].get(out.dtype, (None, 0))
-    if kernel is None or out.device.type != "cpu" or a.dim() != 2 or x.dim() != 1:
-        return None
-    if out.dim() != 1 or a.dtype != out.dtype or x.dtype != out.dtype:
+    kernel, _ = _matvec_checked("matvec", a, x, out)
+    if kernel is None:
         return None
     rows, cols = a.shape
-    if x.shape[0] != cols or out.shape[0] != rows or min(rows, cols) == 0:
-        return None
     sr, sc = a.stride()
     incx, incy = x.stride()[0], out.stride()[0]
     if rows == 1:  # a row: read as a column-major matrix (sr is not used)
