@@ -246,3 +246,32 @@ def test_replayed_block_makes_products_and_draws_directly_with_eagers_results(
     assert len(programs) == 3 + 1  # the three blocks, and the check when recording
     assert len(draws) == steps_per_call * len(recorded)
     assert all(s[4] is not None and s[4][0] is generated_call._normal_into for s in draws)
+
+
+def test_the_probe_record_describes_operations_and_writes_nothing_outside():
+    """The per-run probe is recorded eagerly (svi_block._OpRecord): tensors by where they
+    came from, outside tensors by their values; writes into inputs or outside tensors (a
+    module's running statistics) go to copies, so recording changes nothing."""
+    outside = torch.ones(3)
+
+    def probe(x):
+        outside.add_(1.0)  # as a BatchNorm in training mode updates its running mean
+        x.mul_(2.0)
+        return (x + outside).sum()
+
+    def record(x):
+        recorder = svi_block._OpRecord([x])
+        with recorder:
+            probe(x)
+        return recorder.ops
+
+    x = torch.arange(3.0)
+    first = record(x)
+    assert torch.equal(outside, torch.ones(3)) and torch.equal(x, torch.arange(3.0))
+    assert record(x) == first  # nothing changed: the same record
+    assert record(torch.zeros(3)) == first  # other input values: the same record
+    outside.fill_(5.0)  # an outside tensor's values changed: another record
+    assert record(x) != first
+    ops = [op for op, _, _ in first]
+    assert ops[:2] == ["aten.add_.Tensor", "aten.mul_.Tensor"]
+    assert first[1][2][0] == ("input", 0) and first[0][2][0][0] == (3,)  # input; digest
