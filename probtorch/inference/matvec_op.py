@@ -38,20 +38,18 @@ def _matvec_into(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> torch.T
         from .combined_kernels import build_library
 
         build_library()
+    if not library_kernels._KINDS["matvec"].get(out.dtype):  # not built, or another dtype
+        return torch.mv(a, x, out=out)
     call = library_kernels.own_matvec(a, x, out)
-    if call is None:
-        copies = (
-            a.contiguous(),
-            x.contiguous(),
-            torch.empty_like(out, memory_format=torch.contiguous_format),
-        )
-        call = library_kernels.own_matvec(*copies)
-        if call is None:  # a dtype or device without the kernel
-            return torch.mv(a, x, out=out)
+    if call is not None:
         call()
-        return out.copy_(copies[2])
+        return out
+    result = torch.empty_like(out, memory_format=torch.contiguous_format)
+    call = library_kernels.own_matvec(a.contiguous(), x.contiguous(), result)
+    if call is None:  # sizes that do not match: torch's error names them
+        return torch.mv(a, x, out=out)
     call()
-    return out
+    return out.copy_(result)
 
 
 @torch.library.impl(_LIBRARY, "matvec", "CompositeExplicitAutograd")
