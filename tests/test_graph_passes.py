@@ -17,6 +17,7 @@ import probtorch.distributions as dist
 from probtorch.inference.compile import compile_fn, count_compiles
 from probtorch.inference.graph_passes import (
     BatchedTriangularSolve,
+    InterleavedScatterAdd,
     NarrowMatmul,
     RealizeBroadcastOperands,
     RowTimesMatrixAsLibraryCall,
@@ -343,3 +344,74 @@ def test_compiled_dense_velocity_goes_to_blas_and_equals_eager(float64, monkeypa
         actual = compile_fn(velocity)(inverse_mass, r)
     torch.testing.assert_close(actual, velocity(inverse_mass, r), rtol=1e-12, atol=1e-12)
     assert torch.ops.aten.baddbmm.default in seen and torch.ops.aten.bmm.default not in seen
+
+
+INDEX_PUT = torch.ops.aten.index_put.default
+
+
+def _sorted_groups(n, groups, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, groups, (n,), generator=g).sort().values
+
+
+@pytest.mark.parametrize(
+    "out_shape,k,n,zeros,accumulate,rewritten",
+    [
+        ((4, 85), 1, 919, True, True, True),  # a hierarchical gradient, 4 chains
+        ((85,), 0, 919, True, True, True),
+        ((85, 3), 0, 400, True, True, True),  # trailing dimensions
+        ((85,), 0, 100, True, True, False),  # fewer than two sources per target
+        ((10,), 0, 40, True, True, False),  # too few sources to matter
+        ((85,), 0, 919, False, True, False),  # added into a tensor that may not be zero
+        ((85,), 0, 919, True, False, False),  # written, not added
+    ],
+)
+def test_scatter_adds_into_zeros_go_to_interleaved_rows(
+    out_shape, k, n, zeros, accumulate, rewritten
+):
+    def scatter(base, values, index):
+        start = torch.zeros_like(base) if zeros else base
+        return INDEX_PUT(start, [None] * k + [index], values, accumulate)
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(out_shape, generator=g, dtype=F64)
+    values = torch.randn((*out_shape[:k], n, *out_shape[k + 1 :]), generator=g, dtype=F64)
+    index = _sorted_groups(n, out_shape[k])
+    gm = make_fx(scatter, tracing_mode="fake")(base, values, index)
+    _run_pass(InterleavedScatterAdd(), gm)
+    puts = [node.args[0].meta["val"].shape for node in gm.graph.nodes if node.target is INDEX_PUT]
+    parts = InterleavedScatterAdd.parts
+    expected = (*out_shape[:k], parts, *out_shape[k:]) if rewritten else out_shape
+    assert puts == [torch.Size(expected)]
+    # the same sums in another order: equal up to rounding
+    torch.testing.assert_close(
+        gm(base, values, index), scatter(base, values, index), rtol=1e-13, atol=1e-13
+    )
+
+
+def test_compiled_hierarchical_gradient_adds_in_rows_and_equals_eager(float64, monkeypatch):
+    """The gradient of ``a[group]`` under the chain vmap reaches Inductor as a scatter-add
+    into zeros; compiled with probtorch's options it is interleaved and equals eager."""
+    from torch._inductor.utils import fresh_cache
+
+    group = _sorted_groups(919, 85)
+    y = torch.randn(919, generator=torch.Generator().manual_seed(2), dtype=F64)
+
+    def nll(a):
+        return 0.5 * (y - a[group]).pow(2).sum()
+
+    rewritten = []
+    rewrite = InterleavedScatterAdd._rewrite.__func__
+
+    def spy(cls, graph, node):
+        before = len(graph.nodes)
+        rewrite(cls, graph, node)
+        rewritten.append(len(graph.nodes) != before)
+
+    monkeypatch.setattr(InterleavedScatterAdd, "_rewrite", classmethod(spy))
+    batched = torch.func.vmap(torch.func.grad(nll))
+    a = torch.randn(4, 85, generator=torch.Generator().manual_seed(3), dtype=F64)
+    with fresh_cache():
+        actual = compile_fn(batched)(a)
+    torch.testing.assert_close(actual, batched(a), rtol=1e-12, atol=1e-12)
+    assert rewritten == [True]

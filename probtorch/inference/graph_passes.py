@@ -1,6 +1,6 @@
 """Graph rewrites that Inductor runs on probtorch's compiled kernels (after autograd).
 
-:class:`ProbtorchPasses` runs the four below; every probtorch compile uses it
+:class:`ProbtorchPasses` runs the passes below; every probtorch compile uses it
 (:func:`~probtorch.inference.compile.inductor_base_options`).
 
 :class:`BatchedTriangularSolve`. A potential is evaluated for all chains at once with
@@ -39,6 +39,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 __all__ = [
     "BatchedTriangularSolve",
+    "InterleavedScatterAdd",
     "NarrowMatmul",
     "ProbtorchPasses",
     "RealizeBroadcastOperands",
@@ -295,15 +296,106 @@ class RowTimesMatrixAsLibraryCall(_OpRewrite):
         graph.erase_node(node)
 
 
+class InterleavedScatterAdd(CustomGraphPass):
+    """Sum a scatter-add into zeros with many more sources than targets in ``parts``
+    interleaved partial sums: ``zeros(G).index_put_([idx], v, accumulate=True)`` as
+    ``zeros(parts, G).index_put_([arange(N) % parts, idx], v, accumulate=True).sum(0)``.
+
+    The gradient of a gather ``a[group]`` is such a scatter-add. Inductor's CPU code adds
+    the sources one after another, ``out[idx[i]] += v[i]``; where consecutive sources
+    share a target (data sorted by group, as a hierarchical model's usually is) every add
+    waits for the previous one's store, about ten cycles per source. With the sources
+    spread over ``parts`` rows, consecutive adds go to different rows and overlap. Same
+    terms, summed in another order (each row's sum, then the rows'). Hierarchical
+    regression (919 observations in 85 groups, 4 chains, float64): its NUTS step's
+    scatter-add took 12 % of the step before.
+    """
+
+    parts = 4
+    min_sources = 64
+
+    def uuid(self) -> str:
+        return f"probtorch.InterleavedScatterAdd.v1.{self.parts}"
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in list(graph.nodes):
+            if node.op == "call_function" and node.target is _aten.index_put.default:
+                self._rewrite(graph, node)
+
+    @classmethod
+    def _rewrite(cls, graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+        base, indices, values = node.args[:3]
+        accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate")
+        out, src = _val(node), _val(values)
+        if not (accumulate and isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor)):
+            return
+        if not (_is_zeros(base) and out.device.type == "cpu" and out.dtype.is_floating_point):
+            return
+        # one index tensor, after leading full slices (None): out[:, ..., idx[n]] += v[..., n]
+        k = len(indices) - 1
+        if k < 0 or any(i is not None for i in indices[:k]) or indices[k] is None:
+            return
+        idx = _val(indices[k])
+        integer = (torch.int64, torch.int32)
+        if not (isinstance(idx, torch.Tensor) and idx.dim() == 1 and idx.dtype in integer):
+            return
+        n, g = idx.shape[0], out.shape[k]
+        if not (isinstance(n, int) and n >= max(cls.min_sources, 2 * g)):
+            return
+        if tuple(src.shape) != (*out.shape[:k], n, *out.shape[k + 1 :]):
+            return
+        fake_mode = torch._guards.detect_fake_mode([out, src, idx])
+        if fake_mode is None or _reads_layout(node):
+            return
+        emit = _emitter(graph, fake_mode)
+        shape = [*out.shape[:k], cls.parts, *out.shape[k:]]
+        with graph.inserting_before(node):
+            zeros = emit(_aten.full.default, shape, 0.0, dtype=out.dtype, device=out.device)
+            sources = emit(
+                torch.ops.prims.iota.default,
+                n,
+                start=0,
+                step=1,
+                dtype=idx.dtype,
+                device=idx.device,
+                requires_grad=False,
+            )
+            lane = emit(_aten.remainder.Scalar, sources, cls.parts)
+            spread = graph.call_function(
+                _aten.index_put.default, (zeros, [*indices[:k], lane, indices[k]], values, True)
+            )
+            with fake_mode:
+                spread.meta["val"] = _aten.index_put.default(
+                    _val(zeros), [None] * k + [_val(lane), idx], src, True
+                )
+            result = emit(_aten.sum.dim_IntList, spread, [k])
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+
+
+def _is_zeros(node) -> bool:
+    """Whether ``node`` makes a tensor of zeros."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return False
+    if node.target in (_aten.zeros.default, _aten.new_zeros.default, _aten.zeros_like.default):
+        return True
+    if node.target in (_aten.full.default, _aten.new_full.default, _aten.full_like.default):
+        fill = node.args[1] if len(node.args) > 1 else node.kwargs.get("fill_value")
+        return isinstance(fill, (int, float)) and fill == 0
+    return False
+
+
 class ProbtorchPasses(CustomGraphPass):
     """:class:`BatchedTriangularSolve`, :class:`NarrowMatmul`,
-    :class:`RowTimesMatrixAsLibraryCall`, then :class:`RealizeBroadcastOperands`."""
+    :class:`RowTimesMatrixAsLibraryCall`, :class:`InterleavedScatterAdd`, then
+    :class:`RealizeBroadcastOperands`."""
 
     def __init__(self):
         self.passes = (
             BatchedTriangularSolve(),
             NarrowMatmul(),
             RowTimesMatrixAsLibraryCall(),
+            InterleavedScatterAdd(),
             RealizeBroadcastOperands(),
         )
 
