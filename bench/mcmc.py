@@ -443,7 +443,7 @@ def run_probtorch(model, cfg):
         num_warmup=cfg["num_warmup"],
         num_samples=cfg["num_samples"],
         num_chains=cfg["num_chains"],
-        seed=0,
+        seed=cfg.get("seed", 0),
         progress_bar=False,
     )
     t0, c0 = time.perf_counter(), _cpu()
@@ -515,12 +515,13 @@ def run_numpyro(model, cfg):
         progress_bar=False,
     )
     fields = ("num_steps", "diverging")
+    seed = cfg.get("seed", 0)
     t0, c0 = time.perf_counter(), _cpu()
     if cfg["num_warmup"] > 0:
-        mcmc.warmup(jax.random.PRNGKey(0), *args, extra_fields=fields)
+        mcmc.warmup(jax.random.PRNGKey(2 * seed), *args, extra_fields=fields)
         jax.block_until_ready(mcmc.post_warmup_state)
     tw, cw = time.perf_counter(), _cpu()
-    mcmc.run(jax.random.PRNGKey(1), *args, extra_fields=fields)
+    mcmc.run(jax.random.PRNGKey(2 * seed + 1), *args, extra_fields=fields)
     samples = jax.block_until_ready(mcmc.get_samples(group_by_chain=True))
     t1, c1 = time.perf_counter(), _cpu()
     extra = mcmc.get_extra_fields(group_by_chain=True)
@@ -549,7 +550,7 @@ def run_pyro(model, cfg):
 
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
-    pyro.set_rng_seed(0)
+    pyro.set_rng_seed(cfg.get("seed", 0))
     counts = {"grad": 0}
     original = integrator.potential_grad
 
@@ -692,8 +693,19 @@ def _default_variant(lib: str, chains: int) -> str:
 
 
 def derive(rec: dict) -> dict:
-    """Derived figures from the full run (and the probe, if any)."""
-    full, probe = rec.get("full", {}), rec.get("probe") or {}
+    """Derived figures from the full run (and the probe, if any); with repeated full runs
+    (``--repeats``: other seeds), the median of each figure over the runs."""
+    runs = [rec.get("full", {}), *rec.get("more_full", [])]
+    derived = [d for d in (_derive_one(rec, full) for full in runs) if d]
+    if len(derived) <= 1:
+        return derived[0] if derived else {}
+    median = {k: float(np.median([d[k] for d in derived])) for k in derived[0]}
+    ess = [d["min_bulk_ess"] for d in derived]
+    return dict(median, repeats=len(derived), min_bulk_ess_range=[min(ess), max(ess)])
+
+
+def _derive_one(rec: dict, full: dict) -> dict:
+    probe = rec.get("probe") or {}
     if "error" in full or "total_s" not in full:
         return {}
     pre_c, smp_c = full.get("pre_sample_compile_s", 0.0), full.get("sample_compile_s", 0.0)
@@ -732,23 +744,33 @@ def run_bench(args) -> None:
         "cpu": args.cpu,
         "warm_cache": args.warm_cache,
     }
-    for cfg in jobs_for(args.models, args.libs, args):
+    # repeats run every job once per seed, the libraries taking turns, so that each
+    # library's median comes from the same stretch of time on a machine whose speed drifts
+    for seed, cfg in itertools.product(range(args.repeats), jobs_for(args.models, args.libs, args)):
         key = f"{cfg['model']}/{cfg['lib']}/{cfg['variant']}"
+        cfg = dict(cfg, seed=seed)
         print(
             f"== {key}: {cfg['num_chains']} chains x ({cfg['num_warmup']} warmup + "
-            f"{cfg['num_samples']} draws)",
+            f"{cfg['num_samples']} draws), seed {seed}",
             flush=True,
         )
-        rec = {"config": cfg, "started": _dt.datetime.now().isoformat(timespec="seconds")}
-        if args.probe:
-            probe_cfg = dict(cfg, num_warmup=0, num_samples=1)
-            rec["probe"] = spawn(__file__, probe_cfg, args.cpu, args.timeout)
-            print(f"   probe: {_brief(rec['probe'])}", flush=True)
-        rec["full"] = spawn(__file__, cfg, args.cpu, args.timeout)
-        print(f"   full:  {_brief(rec['full'])}", flush=True)
+        if seed > 0:
+            rec = results["runs"][key]
+            full = spawn(__file__, cfg, args.cpu, args.timeout)
+            rec.setdefault("more_full", []).append(full)
+            print(f"   full:  {_brief(full)}", flush=True)
+            d = _derive_one(rec, full)
+        else:
+            rec = {"config": cfg, "started": _dt.datetime.now().isoformat(timespec="seconds")}
+            if args.probe:
+                probe_cfg = dict(cfg, num_warmup=0, num_samples=1)
+                rec["probe"] = spawn(__file__, probe_cfg, args.cpu, args.timeout)
+                print(f"   probe: {_brief(rec['probe'])}", flush=True)
+            rec["full"] = spawn(__file__, cfg, args.cpu, args.timeout)
+            print(f"   full:  {_brief(rec['full'])}", flush=True)
+            d = _derive_one(rec, rec["full"])
         rec["derived"] = derive(rec)
-        if rec["derived"]:
-            d = rec["derived"]
+        if d:
             print(
                 f"   first draw {d['first_draw_s']:.1f}s compile {d['compile_s']:.1f}s "
                 f"warmup {d['warmup_s']:.1f}s sample {d['sample_s']:.1f}s "
@@ -826,6 +848,9 @@ def write_results(results: dict, args) -> None:
         plain = cfg["lib"] == "probtorch" and cfg["variant"] == "vectorized"
         lib = cfg["lib"] + ("" if plain else f" ({cfg['variant']})")
         setting = f"{cfg['num_chains']} × ({cfg['num_warmup']}+{cfg['num_samples']})"
+        if d.get("repeats", 1) > 1:
+            lo, hi = d["min_bulk_ess_range"]
+            setting += f", median of {d['repeats']} seeds (ESS {lo:.0f}–{hi:.0f})"
         load = (full.get("loadavg") or [float("nan")])[0]
         if not d:
             err = (full.get("error") or r.get("probe", {}).get("error") or "?").strip()
@@ -928,6 +953,11 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--no-probe", dest="probe", action="store_false",
         help="skip the time-to-first-draw probe (a second cold start per run)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--repeats", type=int, default=1,
+        help="full runs per job, with seeds 0, 1, ...; the libraries take turns and the "
+        "tables show each figure's median (one seed's min bulk ESS moves by +-30%%)",
     )  # fmt: skip
     ap.add_argument("--timeout", type=float, default=3600.0, help="per subprocess, seconds")
     ap.add_argument("--warm-cache", action="store_true", help="reuse the Inductor disk cache")
