@@ -859,7 +859,8 @@ def write_results(results: dict, args) -> None:
                 f"{err.splitlines()[-1][:120].replace('|', '/')} |" + " |" * 12
             )
             continue
-        wall = full.get("process_wall_s", 0.0) + (r.get("probe") or {}).get("process_wall_s", 0.0)
+        wall = sum(f.get("process_wall_s", 0.0) for f in [full, *r.get("more_full", [])])
+        wall += (r.get("probe") or {}).get("process_wall_s", 0.0)
         lines.append(
             f"| {cfg['model']} | {lib} | {setting} | {_fmt(d['first_draw_s'])} | "
             f"{_fmt(d['compile_s'])} | "

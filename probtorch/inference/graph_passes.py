@@ -307,8 +307,8 @@ class InterleavedScatterAdd(CustomGraphPass):
     waits for the previous one's store, about ten cycles per source. With the sources
     spread over ``parts`` rows, consecutive adds go to different rows and overlap. Same
     terms, summed in another order (each row's sum, then the rows'). Hierarchical
-    regression (919 observations in 85 groups, 4 chains, float64): its NUTS step's
-    scatter-add took 12 % of the step before.
+    regression (919 observations in 85 groups, 4 chains, float64): the scatter-add's line
+    took 12.3 % of its NUTS kernel's time before and 4.7 % after (perf).
     """
 
     parts = 4
