@@ -56,7 +56,13 @@ from harness import (
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-PROBTORCH_VARIANTS = ("vectorized", "vectorized-lean", "vectorized-auto-cached")
+PROBTORCH_VARIANTS = (
+    "vectorized",
+    "vectorized-lean",
+    "vectorized-auto-cached",
+    "vectorized-split",
+    "vectorized-split-machine",
+)
 MODELS = ("eight_schools", "logreg", "hier_reg", "saas_gp", "gauss100_diag", "gauss100_dense")
 LIBS = ("probtorch", "numpyro", "pyro")
 
@@ -125,7 +131,16 @@ def make_data(model: str) -> dict:
         cov = (Q * variances) @ Q.T
         cov = 0.5 * (cov + cov.T)
         return {"scale_tril": np.linalg.cholesky(cov), "d": d}
+    if model == MACHINE_PREBUILD:
+        return {"d": 3}
     raise ValueError(f"unknown model {model!r}")
+
+
+# "vectorized-split-machine": before the timed run, a run of this model (a 3-d standard
+# normal, with the timed model's sampler settings) in the same cold cache builds the
+# split executor's model-independent sampler graph, as any earlier model on the machine
+# would have; the timed run then compiles its own gradient only
+MACHINE_PREBUILD = "machine_prebuild"
 
 
 # latent sample sites whose draws enter the ESS, per model (same names in every library)
@@ -136,6 +151,7 @@ LATENT = {
     "saas_gp": ("outputscale", "mean", "noise", "kernel_tausq", "_kernel_inv_length_sq"),
     "gauss100_diag": ("x",),
     "gauss100_dense": ("x",),
+    MACHINE_PREBUILD: ("x",),
 }
 MIN_INFERRED_NOISE_LEVEL = 1e-4  # BoTorch's floor on the inferred noise variance
 
@@ -151,6 +167,12 @@ def probtorch_model(model: str, data: dict):
     from probtorch.reparam import LocScaleReparam
 
     t = {k: torch.as_tensor(v) for k, v in data.items() if isinstance(v, np.ndarray)}
+    if model == MACHINE_PREBUILD:
+
+        def standard_normal(d):
+            pt.sample("x", dist.Normal(torch.zeros(d), 1.0).to_event(1))
+
+        return standard_normal, (data["d"],)
     if model == "eight_schools":
 
         def eight_schools(sigma, y):
@@ -431,11 +453,20 @@ def run_probtorch(model, cfg):
     if hasattr(executor_mod, "InPlaceLoop"):
         executor_mod.trace_in_place = timed(executor_mod.trace_in_place)
         executor_mod.InPlaceLoop._compile = timed(executor_mod.InPlaceLoop._compile)
-    fn, args = probtorch_model(model, make_data(model))
-    opts = MODEL_OPTS[model]
+    if hasattr(executor_mod, "SplitLoop"):  # the split executor: gradient, sampler graph
+        executor_mod._compiled_fills = timed(executor_mod._compiled_fills)
+        executor_mod.SplitLoop._compile = timed(executor_mod.SplitLoop._compile)
+        executor_mod.load_graph = timed(executor_mod.load_graph)
+    data = make_data(model)
+    if model == MACHINE_PREBUILD:  # as many dimensions as puts it in the timed model's class
+        data["d"] = _prebuild_dim(cfg["like"])
+    fn, args = probtorch_model(model, data)
+    opts = MODEL_OPTS[cfg.get("like", model)]
     kw = {"dense_mass": opts["dense_mass"], "max_tree_depth": opts["max_tree_depth"]}
     # "vectorized": the quick path; "vectorized-lean": NUTS(..., executor="lean");
-    # "vectorized-auto-cached": executor="auto" in a second process (the package is on disk)
+    # "vectorized-auto-cached": executor="auto" in a second process (the package is on disk);
+    # "vectorized-split" / "vectorized-split-machine": executor="split", first model on the
+    # machine / after another model built the sampler graph (MACHINE_PREBUILD)
     executor = cfg["variant"].split("-")[1] if "-" in cfg["variant"] else "quick"
     kw["executor"] = executor
     mcmc = MCMC(
@@ -469,6 +500,17 @@ def run_probtorch(model, cfg):
         "divergences": int(diverging.sum()),
         "compiled": bool(mcmc.kernel.potential.compiled),
     }, draws
+
+
+def _prebuild_dim(model: str) -> int:
+    """Dimensions of a standard normal whose sampler is compiled as ``model``'s is: scalar
+    code for models of at most ``SCALAR_CODE_MAX_NUMEL`` elements, vector code otherwise
+    (probtorch.inference.mcmc.kernels.codegen_options)."""
+    from probtorch.inference.mcmc.kernels import SCALAR_CODE_MAX_NUMEL
+    from probtorch.inference.potential import Potential
+
+    fn, args = probtorch_model(model, make_data(model))
+    return 3 if Potential(fn, args).largest_numel <= SCALAR_CODE_MAX_NUMEL else 100
 
 
 def _union_length(intervals: list, lo: float, hi: float) -> float:
@@ -682,6 +724,9 @@ def jobs_for(models, libs, args) -> list[dict]:
                 if variant == "vectorized-auto-cached":  # after a lean run of the same model
                     job["prebuild"] = dict(job, variant="vectorized-lean", num_warmup=0,
                                            num_samples=1)  # fmt: skip
+                if variant == "vectorized-split-machine":  # after a run of another model
+                    job["prebuild"] = dict(job, model=MACHINE_PREBUILD, like=model,
+                                           num_warmup=20, num_samples=20)  # fmt: skip
                 jobs.append(job)
     return jobs
 
@@ -938,9 +983,11 @@ def main(argv=None) -> None:
     )  # fmt: skip
     ap.add_argument(
         "--probtorch-executors", nargs="+", default=["quick"],
-        choices=["quick", "lean", "auto-cached"],
-        help="NUTS(executor=...): 'quick' (Inductor, in-process), 'lean' (built before sampling) "
-        "and/or 'auto-cached' (executor='auto' in a second process: caches warm)",
+        choices=["quick", "lean", "auto-cached", "split", "split-machine"],
+        help="NUTS(executor=...): 'quick' (Inductor, in-process), 'lean' (built before sampling), "
+        "'auto-cached' (executor='auto' in a second process: caches warm), 'split' (the "
+        "gradient compiled apart from the sampler graph; first model on the machine) and/or "
+        "'split-machine' (the same after a run of another model built the sampler graph)",
     )  # fmt: skip
     ap.add_argument(
         "--pyro", default="auto",

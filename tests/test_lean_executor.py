@@ -197,7 +197,7 @@ def test_auto_executor_warns_when_the_background_build_fails(
 
 
 def test_executor_is_checked():
-    with pytest.raises(ValueError, match="executor must be 'quick', 'lean' or 'auto'"):
+    with pytest.raises(ValueError, match="executor must be 'quick', 'lean', 'auto' or 'split'"):
         NUTS(eight_schools, executor="fast")
 
 

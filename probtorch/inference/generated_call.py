@@ -34,13 +34,15 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import call_program, matvec_op  # noqa: F401  (matvec_op: defines probtorch::matvec)
+from . import call_program, matvec_op, potential_hole  # noqa: F401  (define probtorch ops)
 
 __all__ = [
     "BufferPool",
     "CallTape",
     "ViewPool",
     "compile_graph",
+    "compiled_call",
+    "load_graph",
     "direct_call",
     "generated_module",
     "replay_call",
@@ -77,6 +79,8 @@ def compile_graph(
     written: Sequence[int],
     pool_buffers: bool = False,
     replay: bool = False,
+    dynamic_shapes: str = "from_example_inputs",
+    on_compiled: Callable[[object], None] | None = None,
 ) -> tuple[Callable[[list], object], BufferPool | None]:
     """``gm`` compiled by ``torch._inductor.standalone_compile`` for ``example`` (its
     ``options`` passed on), as a function of its inputs list that calls the generated code
@@ -86,7 +90,9 @@ def compile_graph(
     writes. With ``replay`` (and ``pool_buffers``) the function has a ``bind(inputs)``
     method where :func:`replay_call` accepts a :class:`CallTape` of the call: it returns a
     function of no arguments for repeated calls on the same inputs list, which need no
-    :meth:`BufferPool.start`."""
+    :meth:`BufferPool.start`. ``dynamic_shapes``: ``standalone_compile``'s (``"from_graph"``
+    for a graph traced with symbolic sizes). ``on_compiled``: called with the compiled
+    artifact (to save it, say)."""
     from torch._inductor.codecache import PyCodeCache
 
     from .combined_kernels import combined_cpp_kernels
@@ -95,10 +101,49 @@ def compile_graph(
     loaded = len(PyCodeCache.modules)
     with combined_cpp_kernels():
         compiled = torch._inductor.standalone_compile(
-            gm, example, dynamic_shapes="from_example_inputs", options=options
+            gm, example, dynamic_shapes=dynamic_shapes, options=options
         )
     note_direct_compile()
+    if on_compiled is not None:
+        on_compiled(compiled)
     module = generated_module(PyCodeCache.modules[loaded:])
+    return compiled_call(compiled, gm, module, example, written, pool_buffers, replay)
+
+
+def load_graph(
+    load: Callable[[], tuple[Callable, torch.nn.Module] | None],
+    example: list,
+    written: Sequence[int],
+    pool_buffers: bool = False,
+    replay: bool = False,
+) -> tuple[Callable[[list], object], BufferPool | None] | None:
+    """:func:`compile_graph` for an artifact compiled earlier: ``load()`` returns it and a
+    module holding its lifted constants (or None: nothing to load)."""
+    from torch._inductor.codecache import PyCodeCache
+
+    from .combined_kernels import combined_cpp_kernels
+
+    loaded = len(PyCodeCache.modules)
+    with combined_cpp_kernels():
+        found = load()
+    if found is None:
+        return None
+    compiled, constants = found
+    module = generated_module(PyCodeCache.modules[loaded:])
+    return compiled_call(compiled, constants, module, example, written, pool_buffers, replay)
+
+
+def compiled_call(
+    compiled: Callable,
+    gm: torch.nn.Module,
+    module,
+    example: list,
+    written: Sequence[int],
+    pool_buffers: bool = False,
+    replay: bool = False,
+) -> tuple[Callable[[list], object], BufferPool | None]:
+    """What :func:`compile_graph` returns, for ``compiled`` (of ``gm``, whose generated
+    host module is ``module``)."""
     pool = BufferPool.attach(module) if pool_buffers else None
     before_call = pool.start if pool is not None else _nothing
     direct = direct_call(compiled, gm, module, example, written, before_call=before_call)
@@ -768,6 +813,8 @@ def _direct_out_call(func, args, kwargs) -> Callable | None:
 
 _aten = torch.ops.aten
 _DIRECT_OPS = {
+    torch.ops.probtorch.potential_hole.default,
+    torch.ops.probtorch.potential_hole.out,
     torch.ops.probtorch.matvec.default,
     torch.ops.probtorch.matvec.out,
     _aten.linalg_cholesky_ex.default,
@@ -793,6 +840,8 @@ def _direct(func, given: dict, outs: tuple) -> Callable | None:
     from . import library_kernels
 
     aten = torch.ops.aten
+    if func in (torch.ops.probtorch.potential_hole.default, torch.ops.probtorch.potential_hole.out):
+        return potential_hole.direct_fill(given["z"], *outs) if len(outs) == 2 else None
     if func is aten.linalg_cholesky_ex.default:
         if len(outs) != 2 or given.get("check_errors", False):  # torch raises there
             return None

@@ -133,13 +133,22 @@ extern "C" void kernel(const {t}* A, const {t}* x, {t}* y, int64_t rows, int64_t
 # Column-major A (sr == 1): blocks of rows accumulated over the columns in order, four
 # vectors at a time; row-major A (sc == 1): dot products of four rows at a time. Each y[i]
 # is summed in a fixed order (the same bits every call). x is read with stride incx, y
-# written with stride incy.
+# written with stride incy. In a unit of scalar code (a small model's graph, compiled with
+# cpp.simdlen=1, has no vector types) plain dot products, one row after the other.
 _MATVEC = (
     _PRELUDE
     + r"""
 extern "C" void kernel(const {t}* A, const {t}* x, {t}* y, int64_t rows, int64_t cols,
                        int64_t sr, int64_t sc, int64_t incx, int64_t incy)
 {{
+#if !INDUCTOR_USE_VECTOR_TYPES()
+    // a unit of scalar code (cpp.simdlen=1): Inductor's prelude has no vector types
+    for (int64_t i = 0; i < rows; ++i) {{
+        {t} acc = 0;
+        for (int64_t j = 0; j < cols; ++j) acc = std::fma(A[i * sr + j * sc], x[j * incx], acc);
+        y[i * incy] = acc;
+    }}
+#else
     using Vec = at::vec::Vectorized<{t}>;
     constexpr int64_t V = Vec::size();
     if (sr == 1) {{
@@ -203,6 +212,7 @@ extern "C" void kernel(const {t}* A, const {t}* x, {t}* y, int64_t rows, int64_t
         for (; j < cols; ++j) acc = std::fma(r[j], x[j], acc);
         y[i * incy] = acc;
     }}
+#endif
 }}
 """
 )

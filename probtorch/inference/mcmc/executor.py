@@ -32,9 +32,9 @@ from torch.utils import _pytree as pytree
 from ...validation import torch_validation
 from .. import call_program
 from ..compile import compile_fn, inductor_base_options, skip_guards
-from ..generated_call import BufferPool, compile_graph
+from ..generated_call import BufferPool, compile_graph, load_graph
 
-__all__ = ["ChunkedLoop", "InPlaceLoop", "TracedChunk", "trace_in_place"]
+__all__ = ["ChunkedLoop", "InPlaceLoop", "SplitLoop", "TracedChunk", "trace_in_place"]
 
 # The generated host code checks every input's sizes, strides and alignment on each call
 # (about sixty checks for a NUTS block state); the loop only feeds a chunk its own outputs,
@@ -115,7 +115,12 @@ class TracedChunk(NamedTuple):
 
 
 def trace_in_place(
-    iteration: Callable, example_state, example_args: tuple, chunk_size: int, done: Callable
+    iteration: Callable,
+    example_state,
+    example_args: tuple,
+    chunk_size: int,
+    done: Callable,
+    symbolic: bool = False,
 ) -> TracedChunk:
     """Capture ``chunk_size`` iterations as a graph that updates the state in place.
 
@@ -123,6 +128,7 @@ def trace_in_place(
     buffer; it writes the new state into the state's buffers (``copy_``) and
     ``done(state).all()`` into the bool buffer. Constants made while tracing are folded.
     The example inputs are laid out by :func:`in_place_inputs`, as callers' inputs are.
+    ``symbolic``: every size a symbol (one graph for all sizes the trace did not specialize).
     """
     state_leaves, state_spec = pytree.tree_flatten(example_state)
     arg_spec = pytree.tree_flatten(example_args)[1]
@@ -146,7 +152,13 @@ def trace_in_place(
         state_leaves[0].new_zeros((), dtype=torch.bool)
     ]
     with torch_validation(False):
-        gm = make_fx(chunk_in_place)(*[x.clone() for x in inputs])
+        if symbolic:  # sizes that happen to be equal (dimensions, tree depth) stay apart
+            from torch.fx.experimental import _config as fx_config
+
+            with fx_config.patch(use_duck_shape=False):
+                gm = make_fx(chunk_in_place, tracing_mode="symbolic")(*[x.clone() for x in inputs])
+        else:
+            gm = make_fx(chunk_in_place)(*[x.clone() for x in inputs])
     _replace_lift_fresh_copy(gm)
     _fold_constants(gm)
     return TracedChunk(gm, inputs, state_spec, num_state)
@@ -318,14 +330,7 @@ class InPlaceLoop:
         intermediate buffers (None: not pooled). The chunk calls Inductor's generated code
         directly where that computes what the compiled artifact computes (checked on one
         call, :func:`~..generated_call.direct_call`): 59 -> 43 us per call on eight schools."""
-        options = {
-            **inductor_base_options(),
-            "cpp.threads": 1,
-            "size_asserts": False,
-            "alignment_asserts": False,
-            "scalar_asserts": False,
-            **self.options,
-        }
+        options, dynamic = self._compile_options()
         written = [*range(traced.num_state), len(traced.inputs) - 1]  # the state, the flag
         with torch_validation(False):
             return compile_graph(
@@ -335,7 +340,34 @@ class InPlaceLoop:
                 written,
                 pool_buffers=True,
                 replay=True,
+                dynamic_shapes=dynamic,
             )
+
+    def _options(self) -> dict:
+        return {
+            **inductor_base_options(),
+            "cpp.threads": 1,
+            "size_asserts": False,
+            "alignment_asserts": False,
+            "scalar_asserts": False,
+            **self.options,
+        }
+
+    def _compile_options(self) -> tuple[dict, str]:
+        """Inductor's options and ``standalone_compile``'s ``dynamic_shapes``."""
+        return self._options(), "from_example_inputs"
+
+    def _trace(self, state, args) -> TracedChunk:
+        return trace_in_place(self.iteration, state, args, self.chunk_size, self.done)
+
+    def _prepare(self, key: tuple, state, args) -> None:
+        """Capture and compile the chunk for the signature ``key`` of ``(state, args)``."""
+        try:
+            traced = self._trace(state, args)
+        except Exception as error:  # an op make_fx cannot trace
+            self._use_fallback(error)
+        else:
+            self.adopt(traced)
 
     def _use_fallback(self, error: BaseException) -> None:
         first = str(error).splitlines()[0] if str(error) else ""
@@ -353,12 +385,7 @@ class InPlaceLoop:
             leaves, arg_leaves = in_place_inputs(state, args)
             key = _signature(leaves + arg_leaves)
             if key not in self._compiled:
-                try:
-                    traced = trace_in_place(self.iteration, state, args, self.chunk_size, self.done)
-                except Exception as error:  # an op make_fx cannot trace
-                    self._use_fallback(error)
-                else:
-                    self.adopt(traced)
+                self._prepare(key, state, args)
             if self._fallback is None:
                 return self._run(key, leaves, arg_leaves)
         if self._fallback is not None:
@@ -401,3 +428,162 @@ class InPlaceLoop:
                     self.interrupted = True
                     break
         return pytree.tree_unflatten(leaves, spec)
+
+
+class SplitLoop(InPlaceLoop):
+    """:class:`InPlaceLoop` with the model's gradient compiled apart from the sampler.
+
+    ``iteration`` must compute the gradient with
+    :func:`~..potential_hole.hole_value_and_grad`; ``value_and_grad`` is the model's. The
+    iteration is traced with symbolic sizes and compiled once per sampler setting
+    (``graph_name`` names the setting; ``options`` are Inductor's): it is kept on disk
+    (:mod:`.sampler_cache`) and loaded by every later run, whatever its model, number of
+    chains and dimensions. Only the model's ``value_and_grad`` is compiled per model (in
+    place: ``z`` -> value and gradient buffers, with ``gradient_options`` added to
+    Inductor's), and the operator runs it: a replayed call runs the gradient's program
+    from the sampler's program (:mod:`..potential_hole`), so a leapfrog step still never
+    returns to Python. Draws are the quick path's, bit for bit where the gradient compiles
+    to the same code (the sampler's own arithmetic is elementwise).
+    """
+
+    def __init__(
+        self,
+        iteration: Callable,
+        value_and_grad: Callable,
+        chunk_size: int = 1,
+        done: Callable = lambda state: state.done,
+        options: dict | None = None,
+        gradient_options: dict | None = None,
+        z_of: Callable = lambda state: state.z,
+        graph_name: str | None = None,
+    ):
+        super().__init__(iteration, chunk_size, done, options)
+        self.value_and_grad = value_and_grad
+        self.gradient_options = dict(gradient_options or {})
+        self.graph_name = graph_name
+        self._saving: str | None = None  # where the graph being compiled is kept
+        self.z_of = z_of
+        self._gradient: dict[tuple, tuple] = {}  # signature of z -> (python fill, direct fill)
+
+    def _trace(self, state, args) -> TracedChunk:
+        return trace_in_place(self.iteration, state, args, self.chunk_size, self.done, True)
+
+    def _compile_options(self) -> tuple[dict, str]:
+        return self._options(), "from_graph"
+
+    def _prepare(self, key: tuple, state, args) -> None:
+        """Load the sampler graph kept by an earlier run (:mod:`.sampler_cache`), or trace
+        and compile it and keep it."""
+        from . import sampler_cache
+
+        leaves, arg_leaves = in_place_inputs(state, args)
+        inputs = leaves + arg_leaves + [leaves[0].new_zeros((), dtype=torch.bool)]
+        path = None
+        if self.graph_name is not None:
+            path = sampler_cache.entry_path(self.graph_name, self.options, inputs)
+            written = [*range(len(leaves)), len(inputs) - 1]
+            with torch_validation(False):
+                found = load_graph(
+                    lambda: sampler_cache.load(path, inputs), inputs, written, True, True
+                )
+            if found is not None:
+                spec = pytree.tree_flatten(state)[1]
+                self._compiled[key] = (*found, spec)
+                return
+        self._saving = path
+        try:
+            super()._prepare(key, state, args)
+        finally:
+            self._saving = None
+
+    def _compile(self, traced: TracedChunk) -> tuple[Callable, BufferPool | None]:
+        from . import sampler_cache
+
+        path = self._saving
+        options, dynamic = self._compile_options()
+        written = [*range(traced.num_state), len(traced.inputs) - 1]
+
+        def keep(artifact) -> None:
+            if path is not None:
+                sampler_cache.save(path, artifact, traced.graph)
+
+        with torch_validation(False):
+            return compile_graph(
+                traced.graph,
+                traced.inputs,
+                {"config_patches": options},
+                written,
+                pool_buffers=True,
+                replay=True,
+                dynamic_shapes=dynamic,
+                on_compiled=keep,
+            )
+
+    def _fills(self, z: torch.Tensor) -> tuple[Callable, Callable | None]:
+        """The gradient, compiled for ``z``'s layout: a Python function of ``z`` and a
+        maker of direct calls (see :func:`~..potential_hole.filling`)."""
+        key = _signature([z])
+        if key not in self._gradient:
+            options = {**self._options(), **self.gradient_options}
+            self._gradient[key] = _compiled_fills(self.value_and_grad, z, options)
+        return self._gradient[key]
+
+    def __call__(self, state, *args):
+        from .. import potential_hole
+
+        # one layout for every model (row-major), so that one compiled graph serves them all
+        state, args = pytree.tree_map(_row_major, (state, args))
+        z = self.z_of(state)
+        with potential_hole.filling(*self._fills(z)):
+            return super().__call__(state, *args)
+
+
+def _row_major(x):
+    if isinstance(x, torch.Tensor):
+        return x.contiguous()
+    return x
+
+
+def _compiled_fills(value_and_grad: Callable, z: torch.Tensor, options: dict):
+    """``value_and_grad`` compiled in place for ``z``'s layout: ``(fill, direct)`` for
+    :func:`~..potential_hole.filling`."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def in_place(z, value, grad):
+        v, g = value_and_grad(z)
+        value.copy_(v)
+        grad.copy_(g)
+        return (value.sum(),)
+
+    example = [z.clone(), z.new_zeros(z.shape[:1]), torch.zeros_like(z)]
+    with torch_validation(False):
+        gm = make_fx(in_place)(*[x.clone() for x in example])
+        compiled, pool = compile_graph(
+            gm, example, {"config_patches": options}, [1, 2], pool_buffers=True, replay=True
+        )
+    start = pool.start if pool is not None else _nothing
+
+    def fill(z):
+        value, grad = z.new_empty(z.shape[:1]), torch.empty_like(z)
+        start()
+        compiled([z.contiguous(), value, grad])
+        return value, grad
+
+    bind = getattr(compiled, "bind", None)
+
+    def direct(z, value, grad):
+        if bind is None or not call_program.available():
+            return None
+        if _signature([z, value, grad]) != _signature(example):
+            return None
+        run = bind([z, value, grad])
+        program = getattr(run, "program", None)
+        if program is None:
+            return None
+        made = torch.zeros(1, dtype=torch.int64)
+        never = torch.zeros((), dtype=torch.bool)
+        call = functools.partial(call_program._runner[0], program, never, 1, made)
+        call.keep = run  # the buffers the program writes and reads
+        return call
+
+    return fill, direct
