@@ -455,7 +455,6 @@ def run_probtorch(model, cfg):
         executor_mod.InPlaceLoop._compile = timed(executor_mod.InPlaceLoop._compile)
     if hasattr(executor_mod, "SplitLoop"):  # the split executor: gradient, sampler graph
         executor_mod._compiled_fills = timed(executor_mod._compiled_fills)
-        executor_mod.SplitLoop._compile = timed(executor_mod.SplitLoop._compile)
         executor_mod.load_graph = timed(executor_mod.load_graph)
     data = make_data(model)
     if model == MACHINE_PREBUILD:  # as many dimensions as puts it in the timed model's class

@@ -341,7 +341,12 @@ class InPlaceLoop:
                 pool_buffers=True,
                 replay=True,
                 dynamic_shapes=dynamic,
+                on_compiled=self._keeper(traced),
             )
+
+    def _keeper(self, traced: TracedChunk) -> Callable | None:
+        """What is called with the compiled artifact of ``traced`` (None: nothing)."""
+        return None
 
     def _options(self) -> dict:
         return {
@@ -496,28 +501,17 @@ class SplitLoop(InPlaceLoop):
         finally:
             self._saving = None
 
-    def _compile(self, traced: TracedChunk) -> tuple[Callable, BufferPool | None]:
+    def _keeper(self, traced: TracedChunk) -> Callable | None:
         from . import sampler_cache
 
         path = self._saving
-        options, dynamic = self._compile_options()
-        written = [*range(traced.num_state), len(traced.inputs) - 1]
+        if path is None:
+            return None
 
         def keep(artifact) -> None:
-            if path is not None:
-                sampler_cache.save(path, artifact, traced.graph)
+            sampler_cache.save(path, artifact, traced.graph)
 
-        with torch_validation(False):
-            return compile_graph(
-                traced.graph,
-                traced.inputs,
-                {"config_patches": options},
-                written,
-                pool_buffers=True,
-                replay=True,
-                dynamic_shapes=dynamic,
-                on_compiled=keep,
-            )
+        return keep
 
     def _fills(self, z: torch.Tensor) -> tuple[Callable, Callable | None]:
         """The gradient, compiled for ``z``'s layout: a Python function of ``z`` and a
