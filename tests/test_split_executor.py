@@ -160,3 +160,18 @@ def test_nuts_split_executor_draws_as_the_quick_path(cache_dir, float64):
         assert mcmc.kernel._block_loop._fallback is None
     for site in ("mu", "sigma"):
         torch.testing.assert_close(draws["split"][site], draws["quick"][site], rtol=1e-12, atol=0)
+
+
+def test_split_loop_falls_back_with_a_warning_when_the_gradient_does_not_compile(
+    cache_dir, monkeypatch
+):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(executor, "_compiled_fills", refuse)
+    dtype = torch.float64
+    loop = SplitLoop(_descent(hole_value_and_grad), _quadratic(4, dtype), graph_name="descent")
+    with pytest.warns(UserWarning, match="could not be compiled.*no C.. compiler"):
+        got = loop(_start(3, 4, dtype), *_args(3, dtype))
+    for a, b in zip(got, _eager(3, 4, dtype)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

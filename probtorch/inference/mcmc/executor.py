@@ -528,7 +528,13 @@ class SplitLoop(InPlaceLoop):
         # one layout for every model (row-major), so that one compiled graph serves them all
         state, args = pytree.tree_map(_row_major, (state, args))
         z = self.z_of(state)
-        with potential_hole.filling(*self._fills(z)):
+        fills: tuple = (self.value_and_grad, None)  # eager: the fallback's gradient
+        if self._fallback is None:
+            try:
+                fills = self._fills(z)
+            except Exception as error:  # an op the gradient's capture or compile refuses
+                self._use_fallback(error)
+        with potential_hole.filling(*fills):
             return super().__call__(state, *args)
 
 
