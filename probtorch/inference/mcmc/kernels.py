@@ -333,8 +333,8 @@ class NUTS(_HamiltonianKernel):
             (opt-in): the model's gradient compiled apart from the sampler, whose graph is
             compiled once per sampler setting and kept on disk for every later model
             (:class:`~probtorch.inference.mcmc.executor.SplitLoop`): a new model compiles
-            in 6-9 s instead of 16-25 s on one core, the first one on a machine pays the
-            sampler's compile once (about 25 s).
+            in 6-15 s instead of 16-30 s on one core (benchmark models); the first one
+            on a machine pays the sampler's compile once (about 25 s).
 
     Example::
 
