@@ -136,10 +136,10 @@ def make_data(model: str) -> dict:
     raise ValueError(f"unknown model {model!r}")
 
 
-# "vectorized-split-machine": before the timed run, a run of this model (a 3-d standard
-# normal, with the timed model's sampler settings) in the same cold cache builds the
-# split executor's model-independent sampler graph, as any earlier model on the machine
-# would have; the timed run then compiles its own gradient only
+# "vectorized-split-machine": before the timed run, a run of this model (a standard normal
+# of 3 or 100 dimensions, the timed model's code class, with its sampler settings) in the
+# same cold caches builds the split executor's model-independent sampler graph, as any
+# earlier model on the machine would have; the timed run then compiles its gradient only
 MACHINE_PREBUILD = "machine_prebuild"
 
 

@@ -6,9 +6,9 @@ its sampling and U-turn checks, step-size adaptation), and the machine is over h
 every compile: logistic regression's step (671 ATen nodes) compiled in 20.1 s, the same
 step with the machine replaced by one gradient in 9.2 s. With the gradient as this
 operator, the machine is a graph of its own that depends only on the sampler's settings;
-traced with symbolic sizes it is compiled once and served from Inductor's cache for any
-number of chains and dimensions (:class:`~.mcmc.executor.SplitLoop`), and only the
-gradient is compiled per model.
+traced with symbolic sizes it is compiled once and kept on disk for any number of chains
+and dimensions (:class:`~.mcmc.executor.SplitLoop`, :mod:`.mcmc.sampler_cache`), and only
+the gradient is compiled per model.
 
 The operator computes ``(potential_energy, grad)`` of ``z`` (chains x dimensions) with the
 function of the innermost :func:`filling` context. Its ``out=`` overload writes them into
@@ -53,10 +53,10 @@ _filling = _Filling()
 def filling(value_and_grad: Callable, direct: Callable | None = None) -> Iterator[None]:
     """Within the context, the operator computes ``value_and_grad(z)``.
 
-    ``direct(z, value, grad)``: a function of no arguments that writes the same bits into
-    the buffers ``value`` and ``grad`` for the buffer ``z`` (for the operator's replayed
-    calls, :func:`direct_fill`), with ``.func`` and ``.args`` a C function's Python binding
-    and its arguments (as ``functools.partial`` has them), or None.
+    ``direct(z, value, grad)``, for the operator's replayed calls (:func:`direct_fill`):
+    returns a function of no arguments that writes the same bits into the buffers ``value``
+    and ``grad`` for the buffer ``z``, with ``.func`` and ``.args`` a C function's Python
+    binding and its arguments (as ``functools.partial`` has them), or None.
     """
     _filling.stack.append((value_and_grad, direct))
     try:

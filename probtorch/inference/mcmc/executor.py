@@ -466,7 +466,6 @@ class SplitLoop(InPlaceLoop):
         self.value_and_grad = value_and_grad
         self.gradient_options = dict(gradient_options or {})
         self.graph_name = graph_name
-        self._saving: str | None = None  # where the graph being compiled is kept
         self.z_of = z_of
         self._gradient: dict[tuple, tuple] = {}  # signature of z -> (python fill, direct fill)
 
@@ -483,7 +482,6 @@ class SplitLoop(InPlaceLoop):
 
         leaves, arg_leaves = in_place_inputs(state, args)
         inputs = leaves + arg_leaves + [leaves[0].new_zeros((), dtype=torch.bool)]
-        path = None
         if self.graph_name is not None:
             path = sampler_cache.entry_path(self.graph_name, self.options, inputs)
             written = [*range(len(leaves)), len(inputs) - 1]
@@ -495,18 +493,14 @@ class SplitLoop(InPlaceLoop):
                 spec = pytree.tree_flatten(state)[1]
                 self._compiled[key] = (*found, spec)
                 return
-        self._saving = path
-        try:
-            super()._prepare(key, state, args)
-        finally:
-            self._saving = None
+        super()._prepare(key, state, args)
 
     def _keeper(self, traced: TracedChunk) -> Callable | None:
         from . import sampler_cache
 
-        path = self._saving
-        if path is None:
+        if self.graph_name is None:
             return None
+        path = sampler_cache.entry_path(self.graph_name, self.options, traced.inputs)
 
         def keep(artifact) -> None:
             sampler_cache.save(path, artifact, traced.graph)

@@ -11,7 +11,8 @@ and compiled (ShapeEnv's guards, as Inductor's cache checks them), checked again
 inputs of the run that loads it.
 
 An entry's name hashes the sampler settings, the inputs' dtypes, devices, ranks and which
-sizes are 1 (those are specialized), torch's version and the source of
+sizes are 1 (those are specialized), the vector instruction set Inductor generates code for
+(a cache directory shared between machines), torch's version and the source of
 ``probtorch/inference``: any change to that code makes new entries. Entries live in
 ``$PROBTORCH_CACHE_DIR/sampler-graphs`` (``~/.cache/probtorch`` by default). The compiled
 kernels themselves stay in Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``); where it was
@@ -53,9 +54,24 @@ def entry_path(name: str, options: dict, inputs: Sequence[torch.Tensor]) -> str:
     ``options`` for inputs like ``inputs``, is kept."""
     structure = [(str(x.dtype), x.device.type, tuple(int(s == 1) for s in x.shape)) for x in inputs]
     settings = sorted((str(k), repr(v)) for k, v in options.items())
-    text = repr((name, settings, structure, source_fingerprint()))
+    text = repr((name, settings, structure, _vector_isa(), source_fingerprint()))
     digest = hashlib.sha256(text.encode()).hexdigest()[:24]
     return os.path.join(lean_cache_dir(), "sampler-graphs", digest)
+
+
+@functools.cache
+def _vector_isa() -> str:
+    """The vector ISA Inductor's CPU code uses here ("" where it picks none), found as
+    probtorch's compiles find it (:func:`~..compile.inductor_base_options`: from the CPU
+    flags where Inductor would compile probes)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    from ..compile import inductor_base_options
+
+    found = {k: v for k, v in inductor_base_options().items() if k == "cpp.vec_isa_ok"}
+    with inductor_config.patch(found):
+        return str(pick_vec_isa())
 
 
 class Constants(torch.nn.Module):
