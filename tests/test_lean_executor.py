@@ -15,7 +15,7 @@ from models import eight_schools, eight_schools_data
 import probtorch as pt
 from probtorch.inference import MCMC, NUTS
 from probtorch.inference.mcmc import kernels as nuts_kernels
-from probtorch.inference.mcmc import lean
+from probtorch.inference.mcmc import lean, sampler_build
 from probtorch.inference.mcmc.executor import InPlaceLoop
 from probtorch.reparam import LocScaleReparam
 
@@ -35,6 +35,13 @@ def _lean_run_locked(package_dir, model, args, kwargs):
     """A lean run (building the package unless another worker has): one build at a time."""
     with FileLock(str(package_dir / "build.lock")):
         return _run(model, args, kwargs, "lean")
+
+
+@pytest.fixture(autouse=True)
+def _no_sampler_graph(monkeypatch):
+    """These tests follow "auto" where no split sampler graph is kept (and none is built:
+    test_split_executor.py tests that), so it goes on to the lean executor."""
+    monkeypatch.setattr(sampler_build, "start", lambda *args: None)
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 (probtorch::potential_hole), kept on disk and loaded for other models and sizes; the
 gradient compiled per model and run from the sampler's program."""
 
+import os
+import warnings
 from typing import NamedTuple
 
 import pytest
@@ -85,13 +87,19 @@ def test_split_loop_equals_the_in_place_loop(dtype, cache_dir):
         assert torch.equal(a, b)
     assert got.steps.tolist() == [5, 8, 11]
     assert split._fallback is None and len(split._compiled) == 1
-    # the sampler's step is one C++ program, and the gradient a C call in it (its own
-    # program), not a Python step
-    run, _, _ = split._compiled[next(iter(split._compiled))]
-    assert getattr(run.bind, "__self__", None) is not None and run.bind.__self__.use_program
-    ((_, direct),) = split._gradient.values()
-    z = torch.zeros(C, D, dtype=dtype)
-    call = direct(z, z.new_zeros(C), torch.zeros_like(z))
+    _assert_one_program(split)
+
+
+def _assert_one_program(split: SplitLoop):
+    """The sampler's step is one C++ program, and the gradient a C call in it (its own
+    program), not a Python step."""
+    ((run, _, _),) = split._compiled.values()
+    bind = getattr(run, "bind", None)
+    assert getattr(bind, "__self__", None) is not None and bind.__self__.use_program
+    ((z_key, (_, direct)),) = split._gradient.items()
+    shape, dtype = z_key[0][0], z_key[0][2]
+    z = torch.zeros(shape, dtype=dtype)
+    call = direct(z, z.new_zeros(shape[0]), torch.zeros_like(z))
     assert call is not None and call.func is call_program._runner[0]
 
 
@@ -142,12 +150,9 @@ def test_hole_outside_a_filling_names_what_is_missing():
     assert torch.equal(out[0], value) and torch.equal(out[1], grad)
 
 
-def test_nuts_split_executor_draws_as_the_quick_path(cache_dir, float64):
+def _five_points_model():
     import probtorch as pt
     import probtorch.distributions as dist
-    from probtorch.inference import MCMC, NUTS
-
-    y = torch.tensor([0.3, -1.2, 2.0, 0.7, 1.1])
 
     def model(y):
         mu = pt.sample("mu", dist.Normal(0.0, 3.0))
@@ -155,16 +160,97 @@ def test_nuts_split_executor_draws_as_the_quick_path(cache_dir, float64):
         with pt.plate("data", len(y)):
             pt.sample("y", dist.Normal(mu, sigma), obs=y)
 
-    draws = {}
-    for name in ("quick", "split"):
-        mcmc = MCMC(NUTS(model, executor=name), num_warmup=60, num_samples=60, num_chains=2,
-                    seed=3, progress_bar=False)  # fmt: skip
-        mcmc.run(y)
-        draws[name] = mcmc.get_samples()
-        assert type(mcmc.kernel._block_loop) is (SplitLoop if name == "split" else InPlaceLoop)
-        assert mcmc.kernel._block_loop._fallback is None
-    for site in ("mu", "sigma"):  # the same kernels' arithmetic, so the same bits
-        assert torch.equal(draws["split"][site], draws["quick"][site])
+    return model, torch.tensor([0.3, -1.2, 2.0, 0.7, 1.1])
+
+
+def _nuts_run(kernel, y):
+    from probtorch.inference import MCMC
+
+    mcmc = MCMC(kernel, num_warmup=60, num_samples=60, num_chains=2, seed=3, progress_bar=False)
+    mcmc.run(y)
+    return mcmc.get_samples()
+
+
+@pytest.mark.slow
+def test_auto_builds_the_sampler_graph_in_the_background_then_takes_the_split_path(
+    cache_dir, float64, monkeypatch
+):
+    """executor="auto" on a machine without the sampler graph: the quick path, while another
+    process builds the graph; the next run loads it (no trace) and compiles only the
+    gradient; executor="split" loads it too. The draws are the same on every path."""
+    import subprocess
+    import sys
+
+    from probtorch.inference import NUTS
+    from probtorch.inference.mcmc import lean
+
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "1")
+    # no lean package (its build is tested in test_lean_executor.py): a build that makes none
+    monkeypatch.setattr(
+        lean, "_start_build", lambda *a: subprocess.Popen([sys.executable, "-c", ""])
+    )
+    model, y = _five_points_model()
+    kernel = NUTS(model, executor="auto")
+    first = _nuts_run(kernel, y)
+    assert type(kernel._block_loop) is InPlaceLoop
+    build = kernel._sampler_build
+    assert build is not None
+    log = build.path + f".job{os.getpid()}.log"
+    assert build.wait(timeout=600) == 0, open(log).read()
+    assert sampler_cache.is_kept(build.path) and not os.path.exists(log)
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("the kept sampler graph was traced again")
+
+    monkeypatch.setattr(executor, "trace_in_place", no_trace)
+    draws = {"auto, quick path": first, "auto, split path": _nuts_run(kernel, y)}
+    loop = kernel._block_loop
+    assert type(loop) is SplitLoop and loop._fallback is None
+    assert kernel._sampler_build is None and kernel._tiered is None  # nothing else built
+    _assert_one_program(loop)
+    split = NUTS(model, executor="split")
+    draws["split"] = _nuts_run(split, y)
+    assert split._block_loop._fallback is None
+    for name, got in draws.items():
+        for site in ("mu", "sigma"):  # the same kernels' arithmetic, so the same bits
+            assert torch.equal(got[site], first[site]), f"{site} differs on the {name}"
+
+
+def test_a_failed_sampler_build_is_not_retried_and_warns_once(cache_dir, monkeypatch):
+    from probtorch.inference.mcmc import sampler_build
+
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "1")
+    path = str(cache_dir / "sampler-graphs" / "entry")
+    os.makedirs(os.path.dirname(path))
+    job = path + ".job1"
+    torch.save({"settings": {}, "options": {}, "block": None, "block_args": (), "path": path,
+                "dtype": torch.float32}, job)  # fmt: skip
+    with pytest.raises(TypeError):
+        sampler_build._main(job)  # the job's settings are not a sampler's
+    assert not os.path.exists(job)
+    with open(sampler_build.failure_marker(path)) as f:
+        assert f.read().startswith("TypeError: ")
+    with pytest.warns(
+        UserWarning, match=r"could not be built \(TypeError: .*delete .*entry.failed"
+    ):
+        assert sampler_build.start({}, {}, None, (), path) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sampler_build.start({}, {}, None, (), path) is None  # said once
+
+
+def test_a_sampler_build_running_elsewhere_is_not_started_again(cache_dir, monkeypatch):
+    from probtorch.inference.mcmc import sampler_build
+
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "1")
+    path = str(cache_dir / "sampler-graphs" / "entry")
+    os.makedirs(os.path.dirname(path))
+    open(f"{path}.job{os.getppid()}", "w").close()  # a live process's job
+    assert sampler_build.start({}, {}, None, (), path) is None
+    os.remove(f"{path}.job{os.getppid()}")
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "0")  # one CPU: never in the background
+    assert sampler_build.start({}, {}, None, (), path) is None
+    assert os.listdir(os.path.dirname(path)) == []
 
 
 def test_split_loop_falls_back_with_a_warning_when_the_gradient_does_not_compile(

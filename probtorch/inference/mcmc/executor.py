@@ -478,22 +478,65 @@ class SplitLoop(InPlaceLoop):
     def _prepare(self, key: tuple, state, args) -> None:
         """Load the sampler graph kept by an earlier run (:mod:`.sampler_cache`), or trace
         and compile it and keep it."""
+        if not self._load_kept(key, state, args):
+            super()._prepare(key, state, args)
+
+    def _graph_inputs(self, state, args) -> tuple[list, int]:
+        """The compiled graph's inputs for ``(state, args)`` and how many are the state."""
+        leaves, arg_leaves = in_place_inputs(state, args)
+        return leaves + arg_leaves + [leaves[0].new_zeros((), dtype=torch.bool)], len(leaves)
+
+    def _load_kept(self, key: tuple, state, args) -> bool:
         from . import sampler_cache
 
+        if self.graph_name is None:
+            return False
+        inputs, num_state = self._graph_inputs(state, args)
+        path = sampler_cache.entry_path(self.graph_name, self.options, inputs)
+        written = [*range(num_state), len(inputs) - 1]
+        with torch_validation(False):
+            found = load_graph(
+                lambda: sampler_cache.load(path, inputs), inputs, written, True, True
+            )
+        if found is None:
+            return False
+        self._compiled[key] = (*found, pytree.tree_flatten(state)[1])
+        return True
+
+    def kept_path(self, state, *args) -> str | None:
+        """Where the sampler graph for ``(state, *args)`` is kept, or would be (None:
+        ``graph_name`` is None, nothing is kept)."""
+        from . import sampler_cache
+
+        if self.graph_name is None:
+            return None
+        state, args = pytree.tree_map(_row_major, (state, args))
+        return sampler_cache.entry_path(
+            self.graph_name, self.options, self._graph_inputs(state, args)[0]
+        )
+
+    def load_kept(self, state, *args) -> bool:
+        """Load the sampler graph an earlier run kept for ``(state, *args)`` and compile
+        the model's gradient; whether the graph was there (and serves these sizes) and the
+        gradient compiled. Calls on such inputs then trace and compile nothing more."""
+        from .. import potential_hole
+        from . import sampler_cache
+
+        state, args = pytree.tree_map(_row_major, (state, args))
         leaves, arg_leaves = in_place_inputs(state, args)
-        inputs = leaves + arg_leaves + [leaves[0].new_zeros((), dtype=torch.bool)]
-        if self.graph_name is not None:
-            path = sampler_cache.entry_path(self.graph_name, self.options, inputs)
-            written = [*range(len(leaves)), len(inputs) - 1]
-            with torch_validation(False):
-                found = load_graph(
-                    lambda: sampler_cache.load(path, inputs), inputs, written, True, True
-                )
-            if found is not None:
-                spec = pytree.tree_flatten(state)[1]
-                self._compiled[key] = (*found, spec)
-                return
-        super()._prepare(key, state, args)
+        key = _signature(leaves + arg_leaves)
+        if key in self._compiled:
+            return True
+        path = self.kept_path(state, *args)
+        if path is None or not sampler_cache.serves(path, self._graph_inputs(state, args)[0]):
+            return False
+        try:
+            fills = self._fills(self.z_of(state))
+        except Exception:  # noqa: BLE001 - the caller goes on without this loop
+            return False
+        # loading checks and records one call of the graph: the hole must be this model's
+        with potential_hole.filling(*fills):
+            return self._load_kept(key, state, args)
 
     def _keeper(self, traced: TracedChunk) -> Callable | None:
         from . import sampler_cache

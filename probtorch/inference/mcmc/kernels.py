@@ -20,6 +20,7 @@ from ...validation import torch_validation
 from ..init_strategies import init_to_uniform
 from ..potential import Potential, initialize_model
 from ..potential_hole import hole_value_and_grad
+from . import sampler_build
 from .adaptation import (
     dual_averaging_update,
     mass_sqrt_from_inverse,
@@ -322,9 +323,12 @@ class NUTS(_HamiltonianKernel):
             disk; per 4-chain leapfrog step on eight schools about 8 us, as fast as the quick
             path's replayed call, but loaded in milliseconds by later runs; see
             :mod:`probtorch.inference.mcmc.lean`) or ``"auto"`` (the default; the
-            environment variable ``PROBTORCH_EXECUTOR`` changes it): the lean executor at
-            once when its package is cached, else the quick path while a background process
-            builds the package (where two CPUs are free, see
+            environment variable ``PROBTORCH_EXECUTOR`` changes it): ``"split"`` when the
+            sampler graph for these settings is kept on disk (an earlier model built it),
+            else the quick path while background processes build the sampler graph for
+            later models (:mod:`probtorch.inference.mcmc.sampler_build`) and this model's
+            lean package; on that path the lean executor is used at once when its package
+            is cached, else once its build finishes (where two CPUs are free, see
             :func:`~probtorch.inference.mcmc.lean.background_builds_allowed`), switching to
             it at a block boundary when it is ready, for good only if its time per leapfrog
             step beats the quick path's (:func:`lean_is_faster`, over a trial of
@@ -334,7 +338,8 @@ class NUTS(_HamiltonianKernel):
             compiled once per sampler setting and kept on disk for every later model
             (:class:`~probtorch.inference.mcmc.executor.SplitLoop`): a new model compiles
             in 6-15 s instead of 16-30 s on one core (benchmark models); the first one
-            on a machine pays the sampler's compile once (about 25 s).
+            on a machine pays the sampler's compile once (about 25 s; ``"auto"`` pays it
+            in the background).
 
     Example::
 
@@ -400,18 +405,9 @@ class NUTS(_HamiltonianKernel):
             iteration, self.chunk_size, potential.compiled, options=self._codegen
         )
         if potential.compiled and self.executor == "split":
-
-            def block_step_split(state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step):
-                return block_iteration(
-                    state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step,
-                    hole_value_and_grad, max_depth, max_delta, target,
-                )  # fmt: skip
-
-            self._block_loop = SplitLoop(
-                block_step_split, value_and_grad, self.chunk_size, done=_block_done,
-                options=self._codegen, gradient_options=self._codegen,
-                graph_name=f"nuts-block-L{max_depth}-{max_delta}-{target}-k{self.chunk_size}",
-            )  # fmt: skip
+            self._block_loop = split_block_loop(
+                value_and_grad=value_and_grad, options=self._codegen, **self._split_settings()
+            )
         elif potential.compiled:
             self._block_loop = InPlaceLoop(
                 block_step, self.chunk_size, done=_block_done, options=self._codegen
@@ -421,12 +417,38 @@ class NUTS(_HamiltonianKernel):
         self._lean_pending = potential.compiled and (
             self.executor == "lean" or (self.executor == "auto" and not self._lean_slower)
         )
+        # "auto": the split path if its sampler graph is kept, decided at the first block
+        self._split_pending = potential.compiled and self.executor == "auto"
+        self._value_and_grad = value_and_grad
+        self._sampler_build: sampler_build.SamplerBuild | None = None
         self._tiered: TieredBuild | None = None
         # "auto": seconds per call of the quick loop's blocks, and of the lean loop's during
         # its trial (self._trial: (quick loop, lean loop) while it runs)
         self._quick_per_call: list[float] = []
         self._lean_per_call: list[float] = []
         self._trial: tuple | None = None
+
+    def _split_settings(self) -> dict:
+        """:func:`split_block_loop`'s sampler settings."""
+        return {"max_depth": self.max_tree_depth, "max_delta": self.max_delta_energy,
+                "target": self.target_accept_prob, "chunk_size": self.chunk_size}  # fmt: skip
+
+    def _use_split(self, block, block_args) -> None:
+        """``"auto"``: take the split path if the sampler graph for these settings and
+        inputs is kept on disk (then no lean package is looked for: the model's gradient
+        compiles in seconds); else start building it in the background
+        (:mod:`.sampler_build`) for later runs, and go on as before."""
+        self._split_pending = False
+        loop = split_block_loop(
+            value_and_grad=self._value_and_grad, options=self._codegen, **self._split_settings()
+        )
+        if loop.load_kept(block, *block_args):
+            self._block_loop, self._lean_pending = loop, False
+            return
+        path = loop.kept_path(block, *block_args)
+        self._sampler_build = sampler_build.start(
+            self._split_settings(), self._codegen, block, block_args, path
+        )
 
     def _use_lean(self, block, block_args) -> None:
         """Set up the lean executor on first use (from the first block's shapes).
@@ -523,6 +545,8 @@ class NUTS(_HamiltonianKernel):
                     state.step_size, adapt.dual_averaging, t_limit, T, L,
                 )  # fmt: skip
                 block_args = (rand, state.inverse_mass, state.mass_sqrt, t_limit) + flags
+                if self._split_pending:
+                    self._use_split(block, block_args)
                 if self._lean_pending:
                     self._use_lean(block, block_args)
                 else:
@@ -584,6 +608,32 @@ class NUTS(_HamiltonianKernel):
             z=result.z, potential_energy=result.potential_energy, grad=result.grad
         )
         return new_state, result
+
+
+def split_block_loop(
+    *,
+    value_and_grad: Callable,
+    options: dict,
+    max_depth: int,
+    max_delta: float,
+    target: float,
+    chunk_size: int,
+) -> SplitLoop:
+    """The NUTS block on the split executor (:class:`~.executor.SplitLoop`): the sampler
+    graph named by its settings, with the model's ``value_and_grad`` compiled apart, both
+    with Inductor ``options`` (:func:`codegen_options`)."""
+
+    def block_step(state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step):
+        return block_iteration(
+            state, rand, inverse_mass, mass_sqrt, t_limit, adapt_step,
+            hole_value_and_grad, max_depth, max_delta, target,
+        )  # fmt: skip
+
+    return SplitLoop(
+        block_step, value_and_grad, chunk_size, done=_block_done,
+        options=options, gradient_options=options,
+        graph_name=f"nuts-block-L{max_depth}-{max_delta}-{target}-k{chunk_size}",
+    )  # fmt: skip
 
 
 LEAN_TRIAL_BLOCKS = 2  # blocks the lean loop runs before executor="auto" keeps or drops it

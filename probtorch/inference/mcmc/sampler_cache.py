@@ -33,7 +33,7 @@ import torch
 from ..generated_call import lifted_constants
 from .lean import lean_cache_dir
 
-__all__ = ["Constants", "entry_path", "load", "save", "source_fingerprint"]
+__all__ = ["Constants", "entry_path", "is_kept", "load", "save", "serves", "source_fingerprint"]
 
 _GRAPH, _META = "graph.bin", "meta.pt"
 
@@ -72,6 +72,11 @@ def _vector_isa() -> str:
     found = {k: v for k, v in inductor_base_options().items() if k == "cpp.vec_isa_ok"}
     with inductor_config.patch(found):
         return str(pick_vec_isa())
+
+
+def is_kept(path: str) -> bool:
+    """An entry is at ``path`` (whole: its files are renamed into place when written)."""
+    return os.path.isfile(os.path.join(path, _GRAPH)) and os.path.isfile(os.path.join(path, _META))
 
 
 class Constants(torch.nn.Module):
@@ -113,20 +118,38 @@ def save(path: str, artifact, gm: torch.fx.GraphModule) -> bool:
     return True
 
 
-def load(path: str, inputs: Sequence[torch.Tensor]) -> tuple[object, Constants] | None:
-    """The artifact kept at ``path`` and its constants, where it was compiled for sizes
-    like those of ``inputs``; else None."""
+def _meta_serving(path: str, inputs: Sequence[torch.Tensor]) -> dict | None:
+    """The metadata of the entry at ``path`` if it was compiled for sizes like those of
+    ``inputs`` (its guards hold for them); else None."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    graph, meta_path = os.path.join(path, _GRAPH), os.path.join(path, _META)
-    if not (os.path.isfile(graph) and os.path.isfile(meta_path)):
+    if not is_kept(path):
         return None
     try:
-        meta = torch.load(meta_path, weights_only=True)
+        meta = torch.load(os.path.join(path, _META), weights_only=True)
         guards = meta["guards"]
         if guards and not ShapeEnv().evaluate_guards_expression(guards, list(inputs)):
             return None
-        artifact = torch._inductor.CompiledArtifact.load(path=graph, format="binary")
+    except Exception:  # noqa: BLE001 - an unreadable or foreign entry: compile instead
+        return None
+    return meta
+
+
+def serves(path: str, inputs: Sequence[torch.Tensor]) -> bool:
+    """Whether :func:`load` would find a graph at ``path`` for ``inputs`` (without loading)."""
+    return _meta_serving(path, inputs) is not None
+
+
+def load(path: str, inputs: Sequence[torch.Tensor]) -> tuple[object, Constants] | None:
+    """The artifact kept at ``path`` and its constants, where it was compiled for sizes
+    like those of ``inputs``; else None."""
+    meta = _meta_serving(path, inputs)
+    if meta is None:
+        return None
+    try:
+        artifact = torch._inductor.CompiledArtifact.load(
+            path=os.path.join(path, _GRAPH), format="binary"
+        )
     except Exception:  # noqa: BLE001 - an unreadable or foreign entry: compile instead
         return None
     return artifact, Constants(meta["constants"])
