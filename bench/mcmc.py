@@ -62,6 +62,7 @@ PROBTORCH_VARIANTS = (
     "vectorized-auto-cached",
     "vectorized-split",
     "vectorized-split-machine",
+    "vectorized-auto-machine",
 )
 MODELS = ("eight_schools", "logreg", "hier_reg", "saas_gp", "gauss100_diag", "gauss100_dense")
 LIBS = ("probtorch", "numpyro", "pyro")
@@ -136,10 +137,12 @@ def make_data(model: str) -> dict:
     raise ValueError(f"unknown model {model!r}")
 
 
-# "vectorized-split-machine": before the timed run, a run of this model (a standard normal
-# of 3 or 100 dimensions, the timed model's code class, with its sampler settings) in the
-# same cold caches builds the split executor's model-independent sampler graph, as any
-# earlier model on the machine would have; the timed run then compiles its gradient only
+# "vectorized-split-machine" / "vectorized-auto-machine": before the timed run, a run of
+# this model (a standard normal of 3 or 100 dimensions, the timed model's code class, with
+# its sampler settings, executor="split") in the same cold caches builds the split
+# executor's model-independent sampler graph, as any earlier model on the machine would
+# have (with executor="auto": in its background); the timed run (executor="split", or the
+# default "auto", which finds the graph) then compiles its gradient only
 MACHINE_PREBUILD = "machine_prebuild"
 
 
@@ -465,7 +468,8 @@ def run_probtorch(model, cfg):
     # "vectorized": the quick path; "vectorized-lean": NUTS(..., executor="lean");
     # "vectorized-auto-cached": executor="auto" in a second process (the package is on disk);
     # "vectorized-split" / "vectorized-split-machine": executor="split", first model on the
-    # machine / after another model built the sampler graph (MACHINE_PREBUILD)
+    # machine / after another model built the sampler graph (MACHINE_PREBUILD);
+    # "vectorized-auto-machine": the default executor="auto" after that build
     executor = cfg["variant"].split("-")[1] if "-" in cfg["variant"] else "quick"
     kw["executor"] = executor
     mcmc = MCMC(
@@ -498,6 +502,7 @@ def run_probtorch(model, cfg):
         "sample_grad_evals": int(num_steps.sum()),
         "divergences": int(diverging.sum()),
         "compiled": bool(mcmc.kernel.potential.compiled),
+        "block_loop": type(getattr(mcmc.kernel, "_block_loop", None)).__name__,
     }, draws
 
 
@@ -723,8 +728,10 @@ def jobs_for(models, libs, args) -> list[dict]:
                 if variant == "vectorized-auto-cached":  # after a lean run of the same model
                     job["prebuild"] = dict(job, variant="vectorized-lean", num_warmup=0,
                                            num_samples=1)  # fmt: skip
-                if variant == "vectorized-split-machine":  # after a run of another model
+                if variant in ("vectorized-split-machine", "vectorized-auto-machine"):
+                    # after a run of another model built the sampler graph
                     job["prebuild"] = dict(job, model=MACHINE_PREBUILD, like=model,
+                                           variant="vectorized-split",
                                            num_warmup=20, num_samples=20)  # fmt: skip
                 jobs.append(job)
     return jobs
@@ -982,11 +989,12 @@ def main(argv=None) -> None:
     )  # fmt: skip
     ap.add_argument(
         "--probtorch-executors", nargs="+", default=["quick"],
-        choices=["quick", "lean", "auto-cached", "split", "split-machine"],
+        choices=["quick", "lean", "auto-cached", "split", "split-machine", "auto-machine"],
         help="NUTS(executor=...): 'quick' (Inductor, in-process), 'lean' (built before sampling), "
         "'auto-cached' (executor='auto' in a second process: caches warm), 'split' (the "
         "gradient compiled apart from the sampler graph; first model on the machine) and/or "
-        "'split-machine' (the same after a run of another model built the sampler graph)",
+        "'split-machine' (the same after a run of another model built the sampler graph), "
+        "'auto-machine' (the default executor='auto' after that build: it takes the split path)",
     )  # fmt: skip
     ap.add_argument(
         "--pyro", default="auto",
