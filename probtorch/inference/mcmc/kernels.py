@@ -324,7 +324,8 @@ class NUTS(_HamiltonianKernel):
             path's replayed call, but loaded in milliseconds by later runs; see
             :mod:`probtorch.inference.mcmc.lean`) or ``"auto"`` (the default; the
             environment variable ``PROBTORCH_EXECUTOR`` changes it): ``"split"`` when the
-            sampler graph for these settings is kept on disk (an earlier model built it),
+            sampler graph for these settings is kept on disk (an earlier model built it;
+            CPU only for now),
             else the quick path while background processes build the sampler graph for
             later models (:mod:`probtorch.inference.mcmc.sampler_build`) and this model's
             lean package; on that path the lean executor is used at once when its package
@@ -439,6 +440,8 @@ class NUTS(_HamiltonianKernel):
         compiles in seconds); else start building it in the background
         (:mod:`.sampler_build`) for later runs, and go on as before."""
         self._split_pending = False
+        if block.z.device.type != "cpu":  # not yet run on CUDA: the quick path there
+            return
         loop = split_block_loop(
             value_and_grad=self._value_and_grad, options=self._codegen, **self._split_settings()
         )
