@@ -239,6 +239,17 @@ def test_a_failed_sampler_build_is_not_retried_and_warns_once(cache_dir, monkeyp
         assert sampler_build.start({}, {}, None, (), path) is None  # said once
 
 
+def test_a_cache_that_cannot_be_written_keeps_the_quick_path_with_a_warning(tmp_path, monkeypatch):
+    from probtorch.inference.mcmc import sampler_build
+
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "1")
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the cache directory would be
+    path = str(blocker / "sampler-graphs" / "entry")
+    with pytest.warns(UserWarning, match="cannot be built in the background"):
+        assert sampler_build.start({}, {}, None, (), path) is None
+
+
 def test_a_sampler_build_running_elsewhere_is_not_started_again(cache_dir, monkeypatch):
     from probtorch.inference.mcmc import sampler_build
 

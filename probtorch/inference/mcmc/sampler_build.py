@@ -82,12 +82,23 @@ def start(settings: dict, options: dict, block, block_args, path: str) -> Sample
         return running
     if _running_elsewhere(path):
         return None
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     job = f"{path}.job{os.getpid()}"
     spec = {"settings": settings, "options": options, "block": block, "block_args": block_args,
             "path": path, "dtype": torch.get_default_dtype()}  # fmt: skip
-    torch.save(spec, job)
-    log = open(job + ".log", "w")  # noqa: SIM115 - the child owns it
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(spec, job)
+        log = open(job + ".log", "w")  # noqa: SIM115 - the child owns it
+    except OSError as error:  # a cache directory this process cannot write
+        if path not in _warned:
+            _warned.add(path)
+            warnings.warn(
+                f"the split sampler graph cannot be built in the background ({error}); "
+                "executor='auto' keeps the quick path (PROBTORCH_CACHE_DIR sets the "
+                "directory)",
+                stacklevel=3,
+            )
+        return None
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "probtorch.inference.mcmc.sampler_build", job],
