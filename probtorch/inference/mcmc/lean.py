@@ -356,10 +356,15 @@ def _start_build(
     torch.export.save(_export(gm, inputs), job + ".program.pt2")
     torch.save({"program": job + ".program.pt2", "path": path, "configs": configs,
                 "dtype": torch.get_default_dtype()}, job)  # fmt: skip
+    return spawn_build("probtorch.inference.mcmc.lean", job)
+
+
+def spawn_build(module: str, job: str) -> subprocess.Popen:
+    """Start ``python -m module job`` in the background, its output in ``job + ".log"``."""
     log = open(job + ".log", "w")  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "probtorch.inference.mcmc.lean", job],
+            [sys.executable, "-m", module, job],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from .lean import background_builds_allowed
+from .lean import background_builds_allowed, spawn_build
 from .sampler_cache import is_kept
 
 __all__ = ["SamplerBuild", "start"]
@@ -88,7 +88,7 @@ def start(settings: dict, options: dict, block, block_args, path: str) -> Sample
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.save(spec, job)
-        log = open(job + ".log", "w")  # noqa: SIM115 - the child owns it
+        process = spawn_build("probtorch.inference.mcmc.sampler_build", job)
     except OSError as error:  # a cache directory this process cannot write
         if path not in _warned:
             _warned.add(path)
@@ -99,16 +99,6 @@ def start(settings: dict, options: dict, block, block_args, path: str) -> Sample
                 stacklevel=3,
             )
         return None
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "probtorch.inference.mcmc.sampler_build", job],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C in the terminal stops the sampler, not the build
-        )
-    finally:
-        log.close()
     _started[path] = SamplerBuild(path, process)
     return _started[path]
 
