@@ -478,21 +478,26 @@ class SplitLoop(InPlaceLoop):
     def _prepare(self, key: tuple, state, args) -> None:
         """Load the sampler graph kept by an earlier run (:mod:`.sampler_cache`), or trace
         and compile it and keep it."""
-        if not self._load_kept(key, state, args):
+        entry = self._kept_entry(state, args)
+        if entry is None or not self._load_kept(key, state, entry):
             super()._prepare(key, state, args)
 
-    def _graph_inputs(self, state, args) -> tuple[list, int]:
-        """The compiled graph's inputs for ``(state, args)`` and how many are the state."""
-        leaves, arg_leaves = in_place_inputs(state, args)
-        return leaves + arg_leaves + [leaves[0].new_zeros((), dtype=torch.bool)], len(leaves)
-
-    def _load_kept(self, key: tuple, state, args) -> bool:
+    def _kept_entry(self, state, args) -> tuple[str, list, int] | None:
+        """Where the sampler graph for ``(state, args)`` is kept (or would be), the graph's
+        inputs and how many of them are the state; None where ``graph_name`` is None."""
         from . import sampler_cache
 
         if self.graph_name is None:
-            return False
-        inputs, num_state = self._graph_inputs(state, args)
+            return None
+        leaves, arg_leaves = in_place_inputs(state, args)
+        inputs = leaves + arg_leaves + [leaves[0].new_zeros((), dtype=torch.bool)]
         path = sampler_cache.entry_path(self.graph_name, self.options, inputs)
+        return path, inputs, len(leaves)
+
+    def _load_kept(self, key: tuple, state, entry: tuple[str, list, int]) -> bool:
+        from . import sampler_cache
+
+        path, inputs, num_state = entry
         written = [*range(num_state), len(inputs) - 1]
         with torch_validation(False):
             found = load_graph(
@@ -506,14 +511,8 @@ class SplitLoop(InPlaceLoop):
     def kept_path(self, state, *args) -> str | None:
         """Where the sampler graph for ``(state, *args)`` is kept, or would be (None:
         ``graph_name`` is None, nothing is kept)."""
-        from . import sampler_cache
-
-        if self.graph_name is None:
-            return None
-        state, args = pytree.tree_map(_row_major, (state, args))
-        return sampler_cache.entry_path(
-            self.graph_name, self.options, self._graph_inputs(state, args)[0]
-        )
+        entry = self._kept_entry(*pytree.tree_map(_row_major, (state, args)))
+        return None if entry is None else entry[0]
 
     def load_kept(self, state, *args) -> bool:
         """Load the sampler graph an earlier run kept for ``(state, *args)`` and compile
@@ -527,8 +526,8 @@ class SplitLoop(InPlaceLoop):
         key = _signature(leaves + arg_leaves)
         if key in self._compiled:
             return True
-        path = self.kept_path(state, *args)
-        if path is None or not sampler_cache.serves(path, self._graph_inputs(state, args)[0]):
+        entry = self._kept_entry(state, args)
+        if entry is None or not sampler_cache.serves(entry[0], entry[1]):
             return False
         try:
             fills = self._fills(self.z_of(state))
@@ -536,7 +535,7 @@ class SplitLoop(InPlaceLoop):
             return False
         # loading checks and records one call of the graph: the hole must be this model's
         with potential_hole.filling(*fills):
-            return self._load_kept(key, state, args)
+            return self._load_kept(key, state, entry)
 
     def _keeper(self, traced: TracedChunk) -> Callable | None:
         from . import sampler_cache

@@ -114,7 +114,7 @@ def _running_elsewhere(path: str) -> bool:
         except ProcessLookupError:
             continue
         except PermissionError:  # alive, another user's
-            return True
+            pass
         return True
     return False
 
