@@ -364,7 +364,7 @@ def test_zero_sum_normal_nuts(float64):
     from probtorch.inference import MCMC, NUTS
 
     mcmc = MCMC(
-        NUTS(_zero_sum_model, compile=False),
+        NUTS(_zero_sum_model),
         num_warmup=200,
         num_samples=300,
         num_chains=1,
@@ -419,7 +419,7 @@ def test_wishart_latent_nuts_matches_conjugate_posterior(float64):
 
     x = _WISHART_X.double()
     mcmc = MCMC(
-        NUTS(_wishart_model, compile=False),
+        NUTS(_wishart_model),
         num_warmup=300,
         num_samples=600,
         num_chains=1,

@@ -494,11 +494,11 @@ def test_dual_averaging_hits_target_accept_prob(kernel):
     step_sizes = {}
     for target in (0.65, 0.95):
         if kernel == "nuts":
-            k = NUTS(model, target_accept_prob=target, adapt_mass_matrix=False, compile=False)
+            k = NUTS(model, target_accept_prob=target, adapt_mass_matrix=False)
         else:
             # a trajectory of about a quarter period: no resonance on the standard normal
             k = HMC(model, trajectory_length=1.5, target_accept_prob=target,
-                    adapt_mass_matrix=False, compile=False)  # fmt: skip
+                    adapt_mass_matrix=False)  # fmt: skip
         mcmc = MCMC(k, num_warmup=300, num_samples=200, num_chains=4, progress_bar=False, seed=0)
         mcmc.run(extra_fields=("accept_prob",))
         accept = mcmc.get_extra_fields()["accept_prob"]
@@ -511,7 +511,7 @@ def test_dual_averaging_hits_target_accept_prob(kernel):
 @pytest.mark.slow
 def test_windowed_adaptation_hits_target_accept_prob():
     """Full warmup (step size and windowed diagonal metric), NUTS's default target 0.8."""
-    k = NUTS(standard_normal(50), compile=False)
+    k = NUTS(standard_normal(50))
     mcmc = MCMC(k, num_warmup=300, num_samples=200, num_chains=4, progress_bar=False, seed=0)
     mcmc.run(extra_fields=("accept_prob",))
     accept = mcmc.get_extra_fields()["accept_prob"]

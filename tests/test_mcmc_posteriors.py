@@ -1,9 +1,10 @@
 """NUTS and HMC against closed-form (conjugate) posteriors.
 
-Each case runs 4 chains with a fixed seed in float64 and checks, per scalar: the posterior
-mean within 4 Monte Carlo standard errors of the exact mean (MCSE = exact sd / sqrt(bulk
-ESS)), the sd within 10% of the exact sd, R-hat < 1.01, enough effective draws for those
-tolerances to mean something, and no divergences.
+Each case runs 4 chains with a fixed seed in float64, compiled as users run them (the
+suite's executor, see conftest.py), and checks, per scalar: the posterior mean within 4
+Monte Carlo standard errors of the exact mean (MCSE = exact sd / sqrt(bulk ESS)), the sd
+within 10% of the exact sd, R-hat < 1.01, enough effective draws for those tolerances to
+mean something, and no divergences.
 """
 
 import math
@@ -107,12 +108,12 @@ def _normal_mean_case():
 
 def test_normal_mean_known_noise():
     args, exact = _normal_mean_case()
-    _check_posterior(_run(NUTS(normal_mean, compile=False), *args), exact)
+    _check_posterior(_run(NUTS(normal_mean), *args), exact)
 
 
 def test_hmc_fixed_steps_normal_mean():
     args, exact = _normal_mean_case()
-    mcmc = _run(HMC(normal_mean, num_steps=5, compile=False), *args, extra_fields=("num_steps",))
+    mcmc = _run(HMC(normal_mean, num_steps=5), *args, extra_fields=("num_steps",))
     _check_posterior(mcmc, exact)
     assert (mcmc.get_extra_fields()["num_steps"] == 5).all()
 
@@ -127,7 +128,7 @@ def test_beta_binomial():
     total, k = torch.tensor(40.0), torch.tensor(13.0)
     post = stats.beta(2.0 + 13.0, 3.0 + 40.0 - 13.0)
     exact = Exact({"p": post.mean()}, {"p": post.std()})
-    _check_posterior(_run(NUTS(beta_binomial, compile=False), total, k), exact)
+    _check_posterior(_run(NUTS(beta_binomial), total, k), exact)
 
 
 # -- (c) gamma-Poisson -----------------------------------------------------------------------
@@ -141,7 +142,7 @@ def test_gamma_poisson():
     y = torch.tensor([4.0, 7.0, 2.0, 5.0, 6.0, 3.0, 8.0, 4.0])
     post = stats.gamma(3.0 + float(y.sum()), scale=1.0 / (0.5 + y.shape[0]))
     exact = Exact({"rate": post.mean()}, {"rate": post.std()})
-    _check_posterior(_run(NUTS(gamma_poisson, compile=False), y), exact)
+    _check_posterior(_run(NUTS(gamma_poisson), y), exact)
 
 
 # -- (d) Dirichlet-categorical ---------------------------------------------------------------
@@ -159,7 +160,7 @@ def test_dirichlet_categorical():
     counts = torch.bincount(y, minlength=4).double()
     post = stats.dirichlet(np.array(ALPHA) + counts.numpy())
     exact = Exact({"probs": post.mean()}, {"probs": np.sqrt(post.var())})
-    mcmc = _run(NUTS(dirichlet_categorical, compile=False), y)
+    mcmc = _run(NUTS(dirichlet_categorical), y)
     assert mcmc.get_samples()["probs"].sum(-1).sub(1).abs().max() < 1e-12
     _check_posterior(mcmc, exact)
 
@@ -188,7 +189,7 @@ def test_linear_regression_correlated_design_dense_mass():
     corr = cov[1, 2] / (cov[1, 1] * cov[2, 2]).sqrt()
     assert corr < -0.95
     exact = Exact({"beta": mean.numpy()}, {"beta": cov.diagonal().sqrt().numpy()})
-    mcmc = _run(NUTS(linear_regression, dense_mass=True, compile=False), X, y)
+    mcmc = _run(NUTS(linear_regression, dense_mass=True), X, y)
     _check_posterior(mcmc, exact)
     # the adapted metric is dense and close to the posterior covariance (unconstrained = beta)
     inverse_mass = mcmc.last_state.inverse_mass

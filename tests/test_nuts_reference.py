@@ -30,7 +30,7 @@ from probtorch.inference.mcmc.nuts import (
 )
 from probtorch.inference.mcmc.nuts_block import draw_block_randomness
 from probtorch.inference.mcmc.warmup import init_adapt_state
-from probtorch.inference.potential import initialize_model
+from probtorch.inference.potential import Potential, initialize_model
 from probtorch.validation import torch_validation
 
 NUM_CHAINS = 4
@@ -38,6 +38,14 @@ ATOL = 1e-10
 
 
 pytestmark = pytest.mark.usefixtures("float64")
+
+
+def _compiled_potential(name):
+    """The model's potential, compiled: the reference evaluates it thousands of times, and
+    eagerly (a traced model under vmap) each evaluation costs milliseconds."""
+    model, make_data = MODELS[name]
+    args, kwargs = make_data()
+    return Potential(model, args, kwargs, compile=True)
 
 
 def _single_chain(potential):
@@ -86,7 +94,7 @@ def test_state_machine_matches_reference(case):
     name, step_range, max_depth, num_transitions = CASES[case]
     model, make_data = MODELS[name]
     args, kwargs = make_data()
-    potential, z = initialize_model(model, args, kwargs, num_chains=NUM_CHAINS, compile=False)
+    potential, z = initialize_model(model, args, kwargs, num_chains=NUM_CHAINS, compile=True)
     step, inverse_mass = _random_metric(potential.dim, step_range, seed=1)
     pe, grad = potential.value_and_grad(z)
     single = _single_chain(potential)
@@ -145,7 +153,7 @@ def _setup_kernel(name, compile, max_tree_depth=10, block_size=64, seed=1):
     return kernel, state
 
 
-def _replay_segment(kernel, state, result, seed):
+def _replay_segment(kernel, state, result, seed, model_name):
     """Replay ``run_segment``'s transitions chain by chain with the reference transition.
 
     ``run_segment`` draws one ``BlockRandomness`` per block. In a block, chain ``c``'s
@@ -164,7 +172,7 @@ def _replay_segment(kernel, state, result, seed):
     T, L, budget = kernel.block_size, kernel.max_tree_depth, kernel.leaf_budget
     torch.manual_seed(seed)  # every block makes at least one transition: n blocks suffice
     blocks = [draw_block_randomness(C, T, D, L, budget, state.z.dtype) for _ in range(n)]
-    single = _single_chain(kernel.potential)
+    single = _single_chain(_compiled_potential(model_name))
     replay, early_block_ends = [], 0
     for c in range(C):
         block, i, leaf_pos, remaining = 0, 0, 0, n
@@ -201,7 +209,7 @@ def test_block_executor_matches_reference(adapt_step_size):
     result = kernel.run_segment(state, adapt, n, adapt_step_size=adapt_step_size)
     assert result.draws.shape == (NUM_CHAINS, n, kernel.potential.dim)
     stats = result.stats
-    replay, early_block_ends = _replay_segment(kernel, state, result, seed=5)
+    replay, early_block_ends = _replay_segment(kernel, state, result, 5, "eight_schools")
     with torch_validation(False):
         for c, chain in enumerate(replay):
             for t, (proposal, ref) in enumerate(chain):
