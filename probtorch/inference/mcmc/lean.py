@@ -33,6 +33,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.utils import _pytree as pytree
@@ -101,11 +102,10 @@ def _load_driver():
 
         root = os.environ.get("TORCH_EXTENSIONS_DIR", get_default_build_root())
         source = os.path.join(root, f"{_DRIVER_NAME}.cpp")
-        if not os.path.isfile(source) or open(source).read() != _DRIVER_SOURCE:
+        if not os.path.isfile(source) or Path(source).read_text() != _DRIVER_SOURCE:
             os.makedirs(root, exist_ok=True)
             tmp = f"{source}.tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                f.write(_DRIVER_SOURCE)
+            Path(tmp).write_text(_DRIVER_SOURCE)
             os.replace(tmp, source)  # atomic: another process never compiles half a file
         _driver = load(_DRIVER_NAME, sources=[source], extra_cflags=["-O2"])
     return _driver
