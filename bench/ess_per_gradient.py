@@ -30,7 +30,9 @@ import numpy as np
 
 D = 25
 SCALES = np.linspace(0.5, 2.0, D)
-NUM_CHAINS, NUM_WARMUP, NUM_SAMPLES, STEP_SIZE = 4, 1000, 2000, 0.5
+NUM_CHAINS, NUM_WARMUP, NUM_SAMPLES = 4, 1000, 2000
+# --mode fixed: the same NUTS options in both libraries
+FIXED = dict(step_size=0.5, adapt_step_size=False, adapt_mass_matrix=False)
 
 
 def run_probtorch(adapt: bool, seed: int):
@@ -47,8 +49,7 @@ def run_probtorch(adapt: bool, seed: int):
     def model():
         pt.sample("x", dist.Normal(torch.zeros(D), scales).to_event(1))
 
-    fixed = dict(step_size=STEP_SIZE, adapt_step_size=False, adapt_mass_matrix=False)
-    kernel = NUTS(model) if adapt else NUTS(model, **fixed)
+    kernel = NUTS(model) if adapt else NUTS(model, **FIXED)
     mcmc = MCMC(kernel, num_warmup=NUM_WARMUP if adapt else 0, num_samples=NUM_SAMPLES,
                 num_chains=NUM_CHAINS, progress_bar=False, seed=seed)  # fmt: skip
     mcmc.run(extra_fields=("num_steps",))
@@ -86,8 +87,7 @@ def run_numpyro(adapt: bool, seed: int):
     def model():
         numpyro.sample("x", dist.Normal(jnp.zeros(D), scales).to_event(1))
 
-    fixed = dict(step_size=STEP_SIZE, adapt_step_size=False, adapt_mass_matrix=False)
-    kernel = NUTS(model) if adapt else NUTS(model, **fixed)
+    kernel = NUTS(model) if adapt else NUTS(model, **FIXED)
     mcmc = MCMC(kernel, num_warmup=NUM_WARMUP if adapt else 0, num_samples=NUM_SAMPLES,
                 num_chains=NUM_CHAINS, chain_method="vectorized", progress_bar=False)  # fmt: skip
     mcmc.run(jax.random.PRNGKey(seed), extra_fields=("num_steps",))
