@@ -11,6 +11,11 @@ script measures the second factor alone, on a 25-dimensional Gaussian with scale
 
 It prints, over the seeds, the mean and standard error of the bulk ESS per thousand
 gradient evaluations, averaged over the 25 coordinates, their minimum, and for x**2.
+
+``--model`` takes one of bench/mcmc.py's models instead (its data, sampler options and
+latent sites; adapted runs only, 1000 warmup + 1000 draws as there): it prints the
+gradients per run, the min bulk ESS over every scalar (bench/mcmc.py's figure), per 1000
+gradients, and how often each scalar was the worst.
 ``--numpyro-stan-criterion`` runs NumPyro with Stan's U-turn criterion (the full momentum
 sum; NumPyro subtracts half of the two end momenta from it, Betancourt 2017, A.4.2).
 
@@ -18,12 +23,15 @@ Usage::
 
     python bench/ess_per_gradient.py --lib probtorch --mode fixed --seeds 10
     python bench/ess_per_gradient.py --lib numpyro --mode fixed --seeds 10
+    python bench/ess_per_gradient.py --lib numpyro --model hier_reg --numpyro-stan-criterion
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import sys
 
 import arviz as az
 import numpy as np
@@ -95,6 +103,69 @@ def run_numpyro(adapt: bool, seed: int):
     return draws, int(np.asarray(mcmc.get_extra_fields()["num_steps"]).sum())
 
 
+def _bench():
+    """bench/mcmc.py, for its models and data."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mcmc as bench
+
+    return bench
+
+
+def run_bench_model(lib: str, model: str, seed: int):
+    """One adapted run of bench/mcmc.py's ``model``: the latent draws (chain, draw, ...)
+    and the number of gradient evaluations of the sampling phase."""
+    bench = _bench()
+    opts = bench.MODEL_OPTS[model]
+    data = bench.make_data(model)
+    if lib == "probtorch":
+        import torch
+
+        from probtorch.inference import MCMC, NUTS
+
+        torch.set_num_threads(1)
+        torch.set_default_dtype(torch.float64)
+        fn, args = bench.probtorch_model(model, data)
+        mcmc = MCMC(NUTS(fn, **opts), num_warmup=NUM_WARMUP, num_samples=1000,
+                    num_chains=NUM_CHAINS, progress_bar=False, seed=seed)  # fmt: skip
+        mcmc.run(*args, extra_fields=("num_steps",))
+        steps = mcmc.get_extra_fields()["num_steps"]
+    else:
+        import jax
+        import numpyro
+        from numpyro.infer import MCMC, NUTS
+
+        numpyro.enable_x64()
+        fn, args = bench.numpyro_model(model, data)
+        mcmc = MCMC(NUTS(fn, **opts), num_warmup=NUM_WARMUP, num_samples=1000,
+                    num_chains=NUM_CHAINS, chain_method="vectorized",
+                    progress_bar=False)  # fmt: skip
+        mcmc.run(jax.random.PRNGKey(seed), *args, extra_fields=("num_steps",))
+        steps = mcmc.get_extra_fields()["num_steps"]
+    samples = mcmc.get_samples(group_by_chain=True)
+    draws = {k: np.asarray(samples[k]) for k in bench.LATENT[model]}
+    return draws, int(np.asarray(steps).sum())
+
+
+def bench_model_main(args) -> None:
+    bench = _bench()
+    grads, ess, worst = [], [], collections.Counter()
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        draws, g = run_bench_model(args.lib, args.model, seed)
+        stats = bench.posterior_stats(args.model, draws)
+        grads.append(g)
+        ess.append(stats["min_bulk_ess"])
+        worst[stats["min_ess_param"]] += 1
+        print(f"  seed {seed}: gradients {g}, min bulk ESS {stats['min_bulk_ess']:.0f} "
+              f"({stats['min_ess_param']})", flush=True)  # fmt: skip
+    grads, ess = np.array(grads, float), np.array(ess)
+    per = 1e3 * ess / grads
+    se = lambda x: x.std(ddof=1) / np.sqrt(len(x))  # noqa: E731
+    label = args.lib + (" (Stan's criterion)" if args.numpyro_stan_criterion else "")
+    print(f"{label}, {args.model}, {args.seeds} seeds: gradients {grads.mean():.0f} +- "
+          f"{se(grads):.0f}; min bulk ESS {ess.mean():.0f} +- {se(ess):.0f}; per 1000 "
+          f"gradients {per.mean():.1f} +- {se(per):.1f}; worst scalar {dict(worst)}")  # fmt: skip
+
+
 def bulk_ess(draws: np.ndarray) -> np.ndarray:
     """ArviZ's bulk ESS of each coordinate of ``draws`` (chains, draws, D)."""
     return np.asarray(az.ess(az.convert_to_dataset({"x": draws}), method="bulk")["x"])
@@ -107,10 +178,15 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--first-seed", type=int, default=200)
     parser.add_argument("--numpyro-stan-criterion", action="store_true")
+    parser.add_argument("--model", default=None,
+                        help="one of bench/mcmc.py's models (adapted runs) instead of the "
+                        "25-d Gaussian")  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
     if args.numpyro_stan_criterion:
         use_stan_criterion_in_numpyro()
+    if args.model is not None:
+        return bench_model_main(args)
     run = run_probtorch if args.lib == "probtorch" else run_numpyro
     rows = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):

@@ -87,7 +87,6 @@ PYRO_AUTO = {
 }
 
 
-
 # ---------------------------------------------------------------------------------------
 # Data: numpy, fixed seeds, identical for every library
 # ---------------------------------------------------------------------------------------
@@ -797,7 +796,8 @@ def run_bench(args) -> None:
     }
     # repeats run every job once per seed, the libraries taking turns, so that each
     # library's median comes from the same stretch of time on a machine whose speed drifts
-    for seed, cfg in itertools.product(range(args.repeats), jobs_for(args.models, args.libs, args)):
+    seeds = range(args.first_seed, args.first_seed + args.repeats)
+    for seed, cfg in itertools.product(seeds, jobs_for(args.models, args.libs, args)):
         key = f"{cfg['model']}/{cfg['lib']}/{cfg['variant']}"
         cfg = dict(cfg, seed=seed)
         print(
@@ -806,6 +806,9 @@ def run_bench(args) -> None:
             flush=True,
         )
         if seed > 0:
+            if key not in results["runs"]:
+                raise SystemExit(f"--first-seed {args.first_seed}: {key} has no seed-0 run "
+                                 f"in {out} to add seed {seed} to")  # fmt: skip
             rec = results["runs"][key]
             full = spawn(__file__, cfg, args.cpu, args.timeout)
             rec.setdefault("more_full", []).append(full)
@@ -1015,6 +1018,11 @@ def main(argv=None) -> None:
         "tables show each figure's median (one seed's min bulk ESS moves by +-30%%)",
     )  # fmt: skip
     ap.add_argument("--timeout", type=float, default=3600.0, help="per subprocess, seconds")
+    ap.add_argument(
+        "--first-seed", type=int, default=0,
+        help="the first seed of --repeats; seeds above 0 are added to the runs already in "
+        "--out (more seeds for the medians)",
+    )  # fmt: skip
     ap.add_argument("--warm-cache", action="store_true", help="reuse the Inductor disk cache")
     ap.add_argument("--fresh", action="store_true", help="discard results already in --out")
     ap.add_argument(
