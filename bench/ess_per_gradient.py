@@ -111,7 +111,7 @@ def _bench():
     return bench
 
 
-def run_bench_model(lib: str, model: str, seed: int):
+def run_bench_model(lib: str, model: str, seed: int, warmup_apart: bool = False):
     """One adapted run of bench/mcmc.py's ``model``: the latent draws (chain, draw, ...)
     and the number of gradient evaluations of the sampling phase."""
     bench = _bench()
@@ -139,7 +139,11 @@ def run_bench_model(lib: str, model: str, seed: int):
         mcmc = MCMC(NUTS(fn, **opts), num_warmup=NUM_WARMUP, num_samples=1000,
                     num_chains=NUM_CHAINS, chain_method="vectorized",
                     progress_bar=False)  # fmt: skip
-        mcmc.run(jax.random.PRNGKey(seed), *args, extra_fields=("num_steps",))
+        if warmup_apart:  # as bench/mcmc.py times the phases: warmup, then run
+            mcmc.warmup(jax.random.PRNGKey(2 * seed), *args, extra_fields=("num_steps",))
+            mcmc.run(jax.random.PRNGKey(2 * seed + 1), *args, extra_fields=("num_steps",))
+        else:
+            mcmc.run(jax.random.PRNGKey(seed), *args, extra_fields=("num_steps",))
         steps = mcmc.get_extra_fields()["num_steps"]
     samples = mcmc.get_samples(group_by_chain=True)
     draws = {k: np.asarray(samples[k]) for k in bench.LATENT[model]}
@@ -150,7 +154,7 @@ def bench_model_main(args) -> None:
     bench = _bench()
     grads, ess, worst = [], [], collections.Counter()
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        draws, g = run_bench_model(args.lib, args.model, seed)
+        draws, g = run_bench_model(args.lib, args.model, seed, args.numpyro_warmup_apart)
         stats = bench.posterior_stats(args.model, draws)
         grads.append(g)
         ess.append(stats["min_bulk_ess"])
@@ -181,6 +185,9 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default=None,
                         help="one of bench/mcmc.py's models (adapted runs) instead of the "
                         "25-d Gaussian")  # fmt: skip
+    parser.add_argument("--numpyro-warmup-apart", action="store_true",
+                        help="with --model: NumPyro's warmup and draws in two calls with "
+                        "their own keys, as bench/mcmc.py runs them")  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
     if args.numpyro_stan_criterion:

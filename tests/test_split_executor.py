@@ -277,3 +277,69 @@ def test_split_loop_falls_back_with_a_warning_when_the_gradient_does_not_compile
         got = loop(_start(3, 4, dtype), *_args(3, dtype))
     for a, b in zip(got, _eager(3, 4, dtype)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_a_prebuilt_sampler_graph_serves_the_first_model(cache_dir, monkeypatch):
+    """build_sampler_graphs builds, before any model ran, the graph a model's sampler
+    needs: executor="auto" takes the split path at its first run (no trace, no build in
+    the background), and a second build of the same setting finds it kept."""
+    from probtorch.inference import NUTS
+    from probtorch.inference.mcmc.prebuild import SamplerSetting, build_sampler_graphs
+
+    monkeypatch.setenv("PROBTORCH_LEAN_BACKGROUND", "0")
+    setting = SamplerSetting(dtype="float32", code="scalar")  # built with 4 chains
+    reports = []
+    ((built, seconds, failure),) = build_sampler_graphs([setting], report=reports.append)
+    assert built == setting and failure is None and seconds > 0
+    said = "float32, diagonal metric, scalar code, several chains, max_tree_depth 10, "
+    assert reports == [said + f"target_accept_prob 0.8: kept ({seconds:.1f} s)"]
+    (entry,) = _entries(cache_dir)
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("the prebuilt sampler graph was traced again")
+
+    monkeypatch.setattr(executor, "trace_in_place", no_trace)
+    model, y = _five_points_model()  # two latent scalars, float32, 2 chains: the setting above
+    kernel = NUTS(model, executor="auto")
+    draws = _nuts_run(kernel, y)
+    loop = kernel._block_loop
+    assert type(loop) is SplitLoop and loop._fallback is None
+    assert loop.kept_paths == {str(cache_dir / "sampler-graphs" / entry)}  # loaded
+    assert kernel._sampler_build is None and kernel._tiered is None
+    assert torch.isfinite(draws["mu"]).all() and draws["mu"].shape == (120,)
+    ((_, _, failure),) = build_sampler_graphs([setting], report=None)  # found kept: no trace
+    assert failure is None and _entries(cache_dir) == [entry]
+
+
+def test_prebuild_settings_and_command_line(monkeypatch, capsys):
+    from probtorch.inference.mcmc import prebuild
+
+    settings = prebuild.sampler_settings(num_chains=[1, 8, 4])
+    assert len(settings) == 8 and sorted({s.num_chains for s in settings}) == [1, 4]
+    with pytest.raises(ValueError, match="num_chains must be counts >= 1, got \\[0\\]"):
+        prebuild.sampler_settings(num_chains=[0])
+    with pytest.raises(ValueError, match="dtype 'float16' is not one of"):
+        prebuild.SamplerSetting(dtype="float16")
+
+    asked = []
+    monkeypatch.setattr(
+        prebuild, "build_sampler_graphs",
+        lambda settings, jobs, report: asked.append((settings, jobs)) or [
+            (s, 1.0, None if s.dense_mass else "no compiler") for s in settings
+        ],
+    )  # fmt: skip
+    status = prebuild.main(["--dtype", "float32", "float64", "--dense-mass", "both",
+                            "--code", "vector", "--num-chains", "4", "--jobs", "3",
+                            "--max-tree-depth", "8"])  # fmt: skip
+    ((settings, jobs),) = asked
+    assert jobs == 3 and len(settings) == 4 and status == 2  # the diagonal ones "failed"
+    assert {(s.dtype, s.dense_mass, s.code, s.num_chains, s.max_tree_depth) for s in settings} == {
+        (d, m, "vector", 4, 8) for d in ("float32", "float64") for m in (False, True)
+    }
+    with pytest.raises(SystemExit):
+        prebuild.main(["--dense-mass", "maybe"])
+    assert "expected one of ['yes', 'no', 'both'], got 'maybe'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        prebuild.main(["--num-chains", "0"])
+    assert "num_chains must be counts >= 1" in capsys.readouterr().err

@@ -468,6 +468,7 @@ class SplitLoop(InPlaceLoop):
         self.graph_name = graph_name
         self.z_of = z_of
         self._gradient: dict[tuple, tuple] = {}  # signature of z -> (python fill, direct fill)
+        self.kept_paths: set[str] = set()  # entries this loop loaded or kept
 
     def _trace(self, state, args) -> TracedChunk:
         return trace_in_place(self.iteration, state, args, self.chunk_size, self.done, True)
@@ -506,6 +507,7 @@ class SplitLoop(InPlaceLoop):
         if found is None:
             return False
         self._compiled[key] = (*found, pytree.tree_flatten(state)[1])
+        self.kept_paths.add(path)
         return True
 
     def kept_path(self, state, *args) -> str | None:
@@ -545,7 +547,8 @@ class SplitLoop(InPlaceLoop):
         path = sampler_cache.entry_path(self.graph_name, self.options, traced.inputs)
 
         def keep(artifact) -> None:
-            sampler_cache.save(path, artifact, traced.graph)
+            if sampler_cache.save(path, artifact, traced.graph):
+                self.kept_paths.add(path)
 
         return keep
 

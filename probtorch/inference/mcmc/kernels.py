@@ -340,7 +340,7 @@ class NUTS(_HamiltonianKernel):
             (:class:`~probtorch.inference.mcmc.executor.SplitLoop`): a new model compiles
             in 6-15 s instead of 16-30 s on one core (benchmark models); the first one
             on a machine pays the sampler's compile once (about 25 s; ``"auto"`` pays it
-            in the background).
+            in the background, :mod:`~probtorch.inference.mcmc.prebuild` ahead).
 
     Example::
 
