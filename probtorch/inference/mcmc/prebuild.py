@@ -147,9 +147,10 @@ def build_sampler_graphs(
 ) -> list[tuple[SamplerSetting, float, str | None]]:
     """Build the sampler graphs of ``settings`` (default: :func:`sampler_settings`'s eight)
     into ``$PROBTORCH_CACHE_DIR`` (``~/.cache/probtorch``), ``jobs`` at a time (separate
-    processes, one thread each); a graph already kept is found in about a second. Returns,
-    per setting, the seconds it took and None or why it could not be built (also
-    reported). About 20-40 s per graph on one core.
+    processes, one thread each); a graph already kept is found in a few seconds (the short
+    run still compiles the stand-in model's gradient, from Inductor's cache). Returns, per
+    setting, the seconds it took and None or why it could not be built (also reported).
+    About 40 s per graph on one core.
 
     Example (the graphs for float32 models with a diagonal metric and several chains,
     scalar and vector code: about a minute on one core)::
