@@ -82,6 +82,7 @@ def _run_pass(graph_pass, gm: torch.fx.GraphModule) -> None:
 def test_batched_matrix_is_left_alone():
     A = torch.stack([_triangular(4, False, seed) for seed in range(3)])
     B = torch.randn(3, 4, 1, dtype=F64)
+
     def solve(A, B):
         return torch.linalg.solve_triangular(A, B, upper=False)
 
@@ -236,9 +237,7 @@ def test_natural_regression_under_the_chain_vmap_is_rewritten_and_exact(float64,
 
     def spy(self, graph):
         rewrite(self, graph)
-        seen.extend(
-            tuple(n.args[1].meta["val"].shape) for n in graph.nodes if n.target is MM
-        )
+        seen.extend(tuple(n.args[1].meta["val"].shape) for n in graph.nodes if n.target is MM)
 
     monkeypatch.setattr(NarrowMatmul, "__call__", spy)
     batched = torch.func.vmap(torch.func.grad_and_value(nll))
@@ -260,8 +259,10 @@ def _pairwise_kernel(X, tausq, inv_length_sq):
 
 def _pairwise_inputs():
     g = torch.Generator().manual_seed(0)
-    return torch.rand(30, 10, generator=g, dtype=F64), torch.tensor(0.7, dtype=F64), (
-        torch.rand(10, generator=g, dtype=F64) + 0.5
+    return (
+        torch.rand(30, 10, generator=g, dtype=F64),
+        torch.tensor(0.7, dtype=F64),
+        (torch.rand(10, generator=g, dtype=F64) + 0.5),
     )
 
 
@@ -281,7 +282,41 @@ def test_costly_values_broadcast_to_many_times_their_size_are_stored_once():
     assert torch.equal(gm(*args), _pairwise_kernel(*args))
 
 
-def test_compile_fn_stores_the_broadcast_value_and_matches_eager(float64, monkeypatch):
+def _matern_pairs(X, tausq, inv_length_sq):
+    """A Matern-5/2 kernel's sum over pairs, as BoTorch writes it (square root of the
+    clamped squared distance)."""
+    Xs = X / (tausq * inv_length_sq).rsqrt()
+    r = (Xs.unsqueeze(-2) - Xs.unsqueeze(-3)).pow(2).sum(-1).clamp_min(1e-30).sqrt()
+    s5 = 5.0**0.5 * r
+    return ((1.0 + s5 + 5.0 / 3.0 * r.pow(2)) * torch.exp(-s5)).sum()
+
+
+def test_a_cheap_result_over_a_costly_one_is_stored_once_before_its_broadcast():
+    # The gradient's per-pair factor is a `where` (clamp_min's backward) over a square root
+    # and a division; it is broadcast over the 10 dimensions of each pair's difference.
+    grad = torch.func.grad(_matern_pairs, argnums=(0, 2))
+    args = _pairwise_inputs()
+    plain = make_fx(grad, tracing_mode="fake")(*args)
+    gm = make_fx(grad, tracing_mode="fake")(*args)
+    only_costly = RealizeBroadcastOperands()
+    only_costly.inline_depth = 0  # the pass as it was: costly nodes themselves only
+    _run_pass(only_costly, plain)
+    _run_pass(RealizeBroadcastOperands(), gm)
+    from torch._inductor.inductor_prims import force_stride_order
+
+    stored = {
+        (n.args[0].target, tuple(n.meta["val"].shape))
+        for n in gm.graph.nodes
+        if n.target is force_stride_order
+    }
+    assert (torch.ops.aten.where.self, (30, 30)) in stored, stored
+    assert len(stored) > len(_forced(plain))
+    for a, e in zip(gm(*args), grad(*args)):
+        assert torch.equal(a, e)
+
+
+@pytest.mark.parametrize("kernel", [_pairwise_kernel, _matern_pairs])
+def test_compile_fn_stores_the_broadcast_value_and_matches_eager(float64, monkeypatch, kernel):
     from torch._inductor.utils import fresh_cache
 
     seen = []
@@ -292,7 +327,7 @@ def test_compile_fn_stores_the_broadcast_value_and_matches_eager(float64, monkey
         seen.append(len(_forced(torch.fx.GraphModule({}, graph))))
 
     monkeypatch.setattr(RealizeBroadcastOperands, "__call__", spy)
-    grad = torch.func.grad(_pairwise_kernel, argnums=(0, 2))
+    grad = torch.func.grad(kernel, argnums=(0, 2))
     args = _pairwise_inputs()
     with fresh_cache():
         actual = compile_fn(grad)(*args)
