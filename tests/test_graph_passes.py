@@ -19,6 +19,7 @@ from probtorch.inference.graph_passes import (
     BatchedTriangularSolve,
     InterleavedScatterAdd,
     NarrowMatmul,
+    OuterShortReduction,
     RealizeBroadcastOperands,
     RowTimesMatrixAsLibraryCall,
 )
@@ -335,6 +336,74 @@ def test_compile_fn_stores_the_broadcast_value_and_matches_eager(float64, monkey
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
     assert seen and max(seen) >= 1, seen
+
+
+def _squared_distances(X, keepdim=False):
+    return (X.unsqueeze(-2) - X.unsqueeze(-3)).pow(2).sum(-1, keepdim=keepdim)
+
+
+def _short_sums(gm) -> list:
+    """(input shape, dims) of each sum over dimensions in ``gm``."""
+    return [
+        (tuple(n.args[0].meta["val"].shape), list(n.args[1]))
+        for n in gm.graph.nodes
+        if n.target is torch.ops.aten.sum.dim_IntList
+    ]
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_a_pairwise_sum_over_a_short_last_dimension_runs_in_the_outer_loop(keepdim):
+    X = torch.randn(4, 30, 10, generator=torch.Generator().manual_seed(0), dtype=F64)
+    gm = make_fx(_squared_distances, tracing_mode="fake")(X, keepdim)
+    assert _short_sums(gm) == [((4, 30, 30, 10), [-1])]
+    _run_pass(OuterShortReduction(), gm)
+    # the 10 dimensions lead: the sum runs over them, the vector along the 30 x 30 pairs
+    assert _short_sums(gm) == [((10, 4, 30, 30), [0])]
+    assert not any(
+        n.target is torch.ops.aten.pow.Tensor_Scalar and not n.users for n in gm.graph.nodes
+    )
+    actual, expected = gm(X, keepdim), _squared_distances(X, keepdim)
+    assert actual.shape == expected.shape == ((4, 30, 30, 1) if keepdim else (4, 30, 30))
+    torch.testing.assert_close(actual, expected, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "fn,shape",
+    [
+        (lambda X: _squared_distances(X), (4, 30, 32)),  # a long last dimension: vectors fit it
+        (lambda X: _squared_distances(X), (4, 6, 10)),  # 6 x 6 results a chain: too few
+        (lambda X: X.pow(2).sum(-1), (4, 30, 10)),  # not broadcast: a copy costs the sum
+    ],
+)
+def test_sums_that_gain_nothing_in_the_outer_loop_are_left_alone(fn, shape):
+    gm = make_fx(fn, tracing_mode="fake")(torch.randn(shape, dtype=F64))
+    before = _short_sums(gm)
+    _run_pass(OuterShortReduction(), gm)
+    assert _short_sums(gm) == before
+
+
+def test_compiled_matern_gradient_sums_pairs_in_the_outer_loop_and_matches_eager(
+    float64, monkeypatch
+):
+    from torch._inductor.utils import fresh_cache
+
+    rewritten = []
+    rewrite = OuterShortReduction._rewrite
+
+    def spy(self, graph, node, order):
+        rewrite(self, graph, node, order)
+        rewritten.append(node.graph is None or node not in graph.nodes)
+
+    monkeypatch.setattr(OuterShortReduction, "_rewrite", spy)
+    X = torch.rand(4, 30, 10, generator=torch.Generator().manual_seed(1), dtype=F64)
+    tausq, inv_length_sq = torch.tensor(0.7), torch.full((10,), 1.3)
+    value_and_grad = torch.func.grad_and_value(lambda X: _matern_pairs(X, tausq, inv_length_sq))
+    with fresh_cache():
+        grad, value = compile_fn(value_and_grad)(X)
+    ref_grad, ref_value = value_and_grad(X)
+    torch.testing.assert_close(value, ref_value, rtol=1e-13, atol=0.0)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-12)
+    assert any(rewritten), rewritten
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ __all__ = [
     "BatchedTriangularSolve",
     "InterleavedScatterAdd",
     "NarrowMatmul",
+    "OuterShortReduction",
     "ProbtorchPasses",
     "RealizeBroadcastOperands",
     "RowTimesMatrixAsLibraryCall",
@@ -288,6 +289,129 @@ class RealizeBroadcastOperands(CustomGraphPass):
         return uses
 
 
+class OuterShortReduction(CustomGraphPass):
+    """Sum an elementwise expression of broadcast operands over a short last dimension in
+    the outer loop, so that Inductor vectorizes across the results instead of along the
+    short dimension.
+
+    ``(Xs[..., :, None, :] - Xs[..., None, :, :]).pow(2).sum(-1)`` (squared distances of all
+    pairs of points, the start of any stationary kernel, e.g. the SAAS GP's Matérn) over a
+    last dimension of 10: Inductor's loop runs one vector of 8 and a tail of 2 per pair,
+    then adds the vector's lanes, for each of the 30 x 30 pairs. Here the operands are
+    first copied with the short dimension moved to the front (each is a fraction of the
+    expression's size), the expression is computed on them, and the sum runs over the
+    front dimension: the loop over the dimensions is outside, and the vector runs along the
+    pairs. Same products, summed in another order (so rounding may differ in the last
+    bits). Applies on CPU to a sum over the last dimension, of 2 to ``max_size``
+    elements, of an elementwise expression whose operands have as many dimensions and are
+    each at most ``1 / min_factor`` of its size, with at least ``min_results`` results and
+    a last result dimension of at least 8.
+    """
+
+    max_size = 16
+    min_results = 64
+    min_factor = 4
+    max_nodes = 8
+
+    def uuid(self) -> str:
+        return "probtorch.OuterShortReduction.v1"
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        order = {node: i for i, node in enumerate(graph.nodes)}
+        for node in list(graph.nodes):
+            if node.op == "call_function" and node.target is _aten.sum.dim_IntList:
+                self._rewrite(graph, node, order)
+
+    def _rewrite(self, graph: torch.fx.Graph, node: torch.fx.Node, order: dict) -> None:
+        source, out = node.args[0], _val(node)
+        val = _val(source)
+        if not (
+            isinstance(val, torch.Tensor)
+            and isinstance(out, torch.Tensor)
+            and val.device.type == "cpu"
+            and val.dtype.is_floating_point
+            and val.dim() >= 3
+            and all(isinstance(size, int) for size in val.shape)
+            and _is_pointwise(source)
+            and "dtype" not in node.kwargs
+        ):
+            return
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        nd, size = val.dim(), val.shape[-1]
+        if dims is None or len(dims) != 1 or dims[0] % nd != nd - 1:
+            return
+        if not (2 <= size <= self.max_size and val.shape[-2] >= 8):
+            return
+        if val.numel() // size < self.min_results:
+            return
+        expression, leaves = self._expression(source, val.shape)
+        if expression is None:
+            return
+        for leaf in leaves:
+            leaf_val = _val(leaf)
+            if not (
+                isinstance(leaf_val, torch.Tensor)
+                and leaf_val.dim() == nd
+                and leaf_val.numel() * self.min_factor <= val.numel()
+            ):
+                return
+        fake_mode = torch._guards.detect_fake_mode([val])
+        if fake_mode is None:
+            return
+        from torch._inductor.inductor_prims import force_stride_order
+
+        emit = _emitter(graph, fake_mode)
+        front = [nd - 1, *range(nd - 1)]
+        with graph.inserting_before(node):
+            moved = {}
+            for leaf in leaves:
+                view = emit(_aten.permute.default, leaf, front)
+                moved[leaf] = emit(force_stride_order, view, _contiguous_strides(_val(view)))
+            for part in sorted(expression, key=order.__getitem__):
+                args = torch.fx.map_arg(part.args, lambda x: moved[x])
+                kwargs = torch.fx.map_arg(part.kwargs, lambda x: moved[x])
+                moved[part] = emit(part.target, *args, **kwargs)
+            result = emit(_aten.sum.dim_IntList, moved[source], [0], keepdim)
+            if keepdim:
+                result = emit(_aten.permute.default, result, [*range(1, nd), 0])
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+        for part in sorted(expression, key=order.__getitem__, reverse=True):
+            if not part.users:  # the expression was the sum's alone
+                graph.erase_node(part)
+
+    def _expression(self, source: torch.fx.Node, shape) -> tuple:
+        """The elementwise nodes of ``source``'s expression (of its full shape) and its
+        operands, or ``(None, None)`` where it is larger than ``max_nodes``."""
+        expression, leaves, frontier = {source}, set(), [source]
+        while frontier:
+            for arg in frontier.pop().all_input_nodes:
+                if arg in expression or arg in leaves:
+                    continue
+                arg_val = _val(arg)
+                if (
+                    _is_pointwise(arg)
+                    and isinstance(arg_val, torch.Tensor)
+                    and arg_val.shape == shape
+                ):
+                    expression.add(arg)
+                    frontier.append(arg)
+                    if len(expression) > self.max_nodes:
+                        return None, None
+                else:
+                    leaves.add(arg)
+        return expression, leaves
+
+
+def _contiguous_strides(t: torch.Tensor) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
 class RowTimesMatrixAsLibraryCall(_OpRewrite):
     """Compute a CPU batched row-times-matrix product ``(B, 1, K) @ (B, K, N)`` with ``K``
     and ``N`` of at least ``min_size`` by BLAS, as ``baddbmm`` with ``beta=0``.
@@ -415,8 +539,8 @@ def _is_zeros(node) -> bool:
 
 class ProbtorchPasses(CustomGraphPass):
     """:class:`BatchedTriangularSolve`, :class:`NarrowMatmul`,
-    :class:`RowTimesMatrixAsLibraryCall`, :class:`InterleavedScatterAdd`, then
-    :class:`RealizeBroadcastOperands`."""
+    :class:`RowTimesMatrixAsLibraryCall`, :class:`InterleavedScatterAdd`,
+    :class:`OuterShortReduction`, then :class:`RealizeBroadcastOperands`."""
 
     def __init__(self):
         self.passes = (
@@ -424,6 +548,7 @@ class ProbtorchPasses(CustomGraphPass):
             NarrowMatmul(),
             RowTimesMatrixAsLibraryCall(),
             InterleavedScatterAdd(),
+            OuterShortReduction(),
             RealizeBroadcastOperands(),
         )
 
