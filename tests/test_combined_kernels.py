@@ -12,6 +12,7 @@ from torch._inductor.utils import fresh_cache
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from probtorch.inference.combined_kernels import _PRELUDE, combined_cpp_kernels, combined_source
+from probtorch.inference.compile import inductor_base_options
 from probtorch.inference.generated_call import _is_kernel, generated_module
 
 
@@ -33,15 +34,19 @@ def _inputs():
     return [torch.randn(4, 5, generator=gen, dtype=torch.float64), scale_tril]
 
 
-def _compile(threads: int):
+def _compile(threads: int, options: dict | None = None):
     """The graph compiled from empty caches with ``threads`` compile threads inside
-    :func:`combined_cpp_kernels`: its result and the generated module's kernels."""
+    :func:`combined_cpp_kernels` (``options``: Inductor's): its result and the generated
+    module's kernels."""
     inputs = _inputs()
     gm = make_fx(_split_by_solves)(*inputs)
     with fresh_cache(), config.patch(compile_threads=threads), combined_cpp_kernels():
         loaded = len(PyCodeCache.modules)
         compiled = torch._inductor.standalone_compile(
-            gm, inputs, dynamic_shapes="from_example_inputs"
+            gm,
+            inputs,
+            dynamic_shapes="from_example_inputs",
+            options={"config_patches": options or {}},
         )
         module = generated_module(PyCodeCache.modules[loaded:])
     kernels = [value for name, value in vars(module).items() if _is_kernel(name, value)]
@@ -58,6 +63,13 @@ def test_one_compile_thread_builds_the_kernels_as_one_library_with_the_same_resu
     assert len({id(k.__self__) for k in kernels}) == 2
     assert len({id(k.__self__) for k in separate_kernels}) == len(separate_kernels)
     assert torch.equal(combined[0], separate[0])
+    torch.testing.assert_close(combined[0], _split_by_solves(*_inputs())[0])
+
+
+def test_kernels_of_probtorch_s_compiles_are_combined_with_their_added_code_once():
+    # probtorch's options add kernel_source's C++ after every kernel's prelude
+    combined, kernels = _compile(threads=1, options=inductor_base_options())
+    assert len(kernels) >= 3 and len({id(k.__self__) for k in kernels}) == 2
     torch.testing.assert_close(combined[0], _split_by_solves(*_inputs())[0])
 
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 
 from . import call_program, library_kernels
 from .compile import _FALSE
+from .kernel_source import DOUBLE_REDUCE_ALL, without_reductions
 
 __all__ = ["build_library", "combined_cpp_kernels", "combined_source"]
 
@@ -205,10 +206,10 @@ def combined_source(argtypes: list[list[str]], sources: list[str], extra: str = 
         >>> "probtorch_kernel_1::kernel(" in code
         True
     """
-    parts = [_PRELUDE]
+    parts = [_PRELUDE + DOUBLE_REDUCE_ALL]
     bindings, methods = [], []
     for i, (types, source) in enumerate(zip(argtypes, sources)):
-        body = source.replace(_PRELUDE, "", 1)
+        body = without_reductions(source)
         if len(_ENTRY.findall(body)) != 1 or "#define" in body or "#include" in body:
             return None
         arguments = [_argument(t, n) for n, t in enumerate(types)]

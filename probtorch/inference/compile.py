@@ -110,7 +110,9 @@ def inductor_base_options() -> dict:
     BLAS instead of Inductor's loop (``RowTimesMatrixAsLibraryCall``), and a costly
     elementwise value broadcast to many times its size
     (inputs scaled by lengthscales, compared pairwise) is stored once instead of recomputed
-    for every element it is broadcast to (``RealizeBroadcastOperands``).
+    for every element it is broadcast to (``RealizeBroadcastOperands``). The C++ kernels
+    reduce float64 vectors to a scalar with shuffles, as ATen does float32 ones, instead of
+    through the stack (:mod:`~probtorch.inference.kernel_source`).
 
     On Linux x86-64 Inductor's vector ISA is taken from the CPU flags (``cpp.vec_isa_ok``)
     instead of being probed: Inductor otherwise compiles a test kernel for each ISA the CPU
@@ -131,7 +133,9 @@ def inductor_base_options() -> dict:
         True
     """
     from .graph_passes import ProbtorchPasses
+    from .kernel_source import patch_inductor_kernels
 
+    patch_inductor_kernels()
     options = {"post_grad_custom_pre_pass": ProbtorchPasses()}
     probe = os.environ.get("PROBTORCH_PROBE_VEC_ISA", "0").strip().lower() not in _FALSE
     if not probe and sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64"):

@@ -557,7 +557,9 @@ def _is_zeros(node) -> bool:
 class ProbtorchPasses(CustomGraphPass):
     """:class:`BatchedTriangularSolve`, :class:`NarrowMatmul`,
     :class:`RowTimesMatrixAsLibraryCall`, :class:`InterleavedScatterAdd`,
-    :class:`OuterShortReduction`, then :class:`RealizeBroadcastOperands`."""
+    :class:`OuterShortReduction`, then :class:`RealizeBroadcastOperands`. Its cache key
+    also names the C++ that :mod:`.kernel_source` adds to the kernels of the compiles it
+    configures."""
 
     def __init__(self):
         self.passes = (
@@ -570,7 +572,9 @@ class ProbtorchPasses(CustomGraphPass):
         )
 
     def uuid(self) -> str:
-        return "+".join(p.uuid() for p in self.passes)
+        from .kernel_source import VERSION
+
+        return "+".join([*(p.uuid() for p in self.passes), VERSION])
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         for rewrite in self.passes:

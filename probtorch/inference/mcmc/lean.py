@@ -171,10 +171,14 @@ class LeanLoop:
 
 def _trace_chunk(iteration, example_state, example_args, chunk_size, done, key, configs):
     """The in-place chunk (:func:`~.executor.trace_in_place`) and its package path (keyed by
-    the graph, its constants and shapes, ``key`` and the Inductor ``configs``)."""
+    the graph, its constants and shapes, ``key``, the Inductor ``configs`` and probtorch's
+    graph passes and added C++, which change the package's code)."""
+    from ..graph_passes import ProbtorchPasses
+
     traced = trace_in_place(iteration, example_state, example_args, chunk_size, done)
     gm, inputs = traced.graph, traced.inputs
-    digest = _fingerprint(gm, inputs, key + str(chunk_size) + repr(sorted((configs or {}).items())))
+    settings = key + str(chunk_size) + repr(sorted((configs or {}).items()))
+    digest = _fingerprint(gm, inputs, settings + ProbtorchPasses().uuid())
     path = os.path.join(lean_cache_dir(), f"nuts_chunk_{digest}.pt2")
     return traced, path
 
