@@ -11,9 +11,10 @@ from torch._inductor.codecache import PyCodeCache
 from torch._inductor.utils import fresh_cache
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from probtorch.inference.combined_kernels import _PRELUDE, combined_cpp_kernels, combined_source
+from probtorch.inference.combined_kernels import combined_cpp_kernels, combined_source
 from probtorch.inference.compile import inductor_base_options
 from probtorch.inference.generated_call import _is_kernel, generated_module
+from probtorch.inference.kernel_source import PRELUDE
 
 
 def _solve(scale_tril, y):
@@ -74,10 +75,10 @@ def test_kernels_of_probtorch_s_compiles_are_combined_with_their_added_code_once
 
 
 def test_combined_source_refuses_what_it_cannot_bind():
-    kernel = _PRELUDE + '\nextern "C" void kernel(double* out, int64_t n) { out[0] = n; }'
+    kernel = PRELUDE + '\nextern "C" void kernel(double* out, int64_t n) { out[0] = n; }'
     code = combined_source([["double*", "int64_t"]] * 2, [kernel, kernel])
     assert code.count("void kernel(") == 2 and 'extern "C" void kernel' not in code
-    with_macro = _PRELUDE + '\n#define N 3\nextern "C" void kernel(double* out) { }'
+    with_macro = PRELUDE + '\n#define N 3\nextern "C" void kernel(double* out) { }'
     assert combined_source([["double*"]] * 2, [kernel, with_macro]) is None
     assert combined_source([["double*"], ["at::Half"]], [kernel, kernel]) is None
 

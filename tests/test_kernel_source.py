@@ -34,11 +34,22 @@ REDUCTIONS = {
 }
 
 
+def _isa(simdlen):
+    from torch._inductor import config, cpu_vec_isa
+
+    with config.patch({"cpp.simdlen": simdlen}):
+        return cpu_vec_isa.pick_vec_isa()
+
+
+# None: Inductor's choice (AVX-512 on this project's machines); 256: AVX2, the other branch
+@pytest.mark.parametrize("simdlen", [None, 256])
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))
-def test_probtorch_compiles_reduce_float64_rows_with_shuffles_and_match_eager(name):
+def test_probtorch_compiles_reduce_float64_rows_with_shuffles_and_match_eager(name, simdlen):
+    if not _isa(simdlen):
+        pytest.skip(f"no vector ISA of {simdlen} bits on this CPU")
     fn = REDUCTIONS[name]
     x = _rows()
-    got, code = run_and_get_code(compile_fn(fn), x)
+    got, code = run_and_get_code(compile_fn(fn, options={"cpp.simdlen": simdlen}), x)
     source = "\n".join(code)
     assert MARK in source and "vec_reduce_all<double" in source
     want = fn(x)
@@ -61,6 +72,16 @@ def test_a_plain_torch_compile_gets_inductor_s_own_code():
     got, code = run_and_get_code(torch.compile(lambda x: x.sum(-1) * 2.0), x)
     assert MARK not in "\n".join(code)
     torch.testing.assert_close(got, x.sum(-1) * 2.0)
+
+
+def test_a_unit_of_several_kernels_carries_the_code_once_and_only_if_they_had_it():
+    from probtorch.inference.combined_kernels import combined_source
+
+    src = PRELUDE + '\nextern "C" void kernel(double* out) { out[0] = 1.0; }'
+    plain = combined_source([["double*"]] * 2, [src, src])
+    added = combined_source([["double*"]] * 2, [with_reductions(src)] * 2)
+    assert MARK not in plain
+    assert added.count(DOUBLE_REDUCE_ALL) == 1 and added.startswith(PRELUDE + DOUBLE_REDUCE_ALL)
 
 
 def test_the_code_goes_after_the_prelude_once_and_comes_off_with_it():

@@ -38,11 +38,10 @@ from collections.abc import Callable, Iterator
 
 from . import call_program, library_kernels
 from .compile import _FALSE
-from .kernel_source import DOUBLE_REDUCE_ALL, without_reductions
+from .kernel_source import DOUBLE_REDUCE_ALL, PRELUDE, without_reductions
 
 __all__ = ["build_library", "combined_cpp_kernels", "combined_source"]
 
-_PRELUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
 _ENTRY = re.compile(r'extern\s+"C"\s+void\s+kernel\(')
 _SCALARS = {"int64_t": "PyLong_AsLongLong", "long": "PyLong_AsLong"}
 
@@ -201,12 +200,14 @@ def combined_source(argtypes: list[list[str]], sources: list[str], extra: str = 
 
     Example::
 
-        >>> src = _PRELUDE + '\\nextern "C" void kernel(double* out) { out[0] = 1.0; }'
+        >>> src = PRELUDE + '\\nextern "C" void kernel(double* out) { out[0] = 1.0; }'
         >>> code = combined_source([["double*"], ["double*"]], [src, src])
         >>> "probtorch_kernel_1::kernel(" in code
         True
     """
-    parts = [_PRELUDE + DOUBLE_REDUCE_ALL]
+    # kernel_source's C++ once at the top, where the kernels have it (probtorch's compiles)
+    added = any(PRELUDE + DOUBLE_REDUCE_ALL in source for source in sources)
+    parts = [PRELUDE + DOUBLE_REDUCE_ALL if added else PRELUDE]
     bindings, methods = [], []
     for i, (types, source) in enumerate(zip(argtypes, sources)):
         body = without_reductions(source)

@@ -377,6 +377,7 @@ class OuterShortReduction(CustomGraphPass):
         if fake_mode is None:
             return
         from torch._inductor.inductor_prims import force_stride_order
+        from torch._prims_common import make_contiguous_strides_for
 
         emit = _emitter(graph, fake_mode)
         front = [nd - 1, *range(nd - 1)]
@@ -384,7 +385,8 @@ class OuterShortReduction(CustomGraphPass):
             moved = {}
             for leaf in leaves:
                 view = emit(_aten.permute.default, leaf, front)
-                moved[leaf] = emit(force_stride_order, view, _contiguous_strides(_val(view)))
+                strides = make_contiguous_strides_for(_val(view).shape)
+                moved[leaf] = emit(force_stride_order, view, list(strides))
             for part in sorted(expression, key=order.__getitem__):
                 args = torch.fx.map_arg(part.args, lambda x: moved[x])
                 kwargs = torch.fx.map_arg(part.kwargs, lambda x: moved[x])
@@ -419,14 +421,6 @@ class OuterShortReduction(CustomGraphPass):
                 else:
                     leaves.add(arg)
         return expression, leaves
-
-
-def _contiguous_strides(t: torch.Tensor) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(t.shape):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
 
 
 class RowTimesMatrixAsLibraryCall(_OpRewrite):

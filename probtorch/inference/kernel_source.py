@@ -17,7 +17,8 @@ tree instead of in order, so sums differ from the generic path's in the last bit
 :func:`patch_inductor_kernels` makes Inductor put it after the C++ prelude of every CPU
 kernel it generates while probtorch's graph passes are configured (probtorch's compiles,
 not a user's own ``torch.compile``); :class:`~.graph_passes.ProbtorchPasses` carries
-:data:`VERSION` in its cache key, so kernels cached without it are not reused.
+:data:`VERSION` (a hash of the code) in its cache key, so kernels cached without it, or
+with another version of it, are not reused.
 
 Example::
 
@@ -30,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 __all__ = [
@@ -42,7 +44,6 @@ __all__ = [
 ]
 
 PRELUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
-VERSION = "reduce-all-double-v1"
 
 DOUBLE_REDUCE_ALL = r"""
 #ifndef PROBTORCH_REDUCE_ALL_DOUBLE
@@ -76,6 +77,7 @@ struct VecReduceAllSIMD<double, Op> {
 #endif
 #endif  // PROBTORCH_REDUCE_ALL_DOUBLE
 """
+VERSION = "reduce-all-double-" + hashlib.sha256(DOUBLE_REDUCE_ALL.encode()).hexdigest()[:12]
 
 
 def with_reductions(source: str) -> str:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 
 from .call_program import symbol_address
+from .kernel_source import PRELUDE
 
 __all__ = [
     "SOURCES",
@@ -44,13 +45,12 @@ __all__ = [
     "register",
 ]
 
-_PRELUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
 
 # X[b] = op(A[b])^-1 B[b] (left) or B[b] op(A[b])^-1 (right), X column-major with leading
 # dimension ldx; A[b] is read column-major with leading dimension lda (transposed where
 # the tensor is row-major); offsets[b] = element offsets of A[b], B[b], X[b].
 _TRSM = (
-    _PRELUDE
+    PRELUDE
     + r"""
 using probtorch_trsm = void (*)(const char*, const char*, const char*, const char*, const int*,
                                 const int*, const {t}*, const {t}*, const int*, {t}*,
@@ -83,7 +83,7 @@ extern "C" void kernel(const {t}* A, const {t}* B, {t}* X, const int64_t* offset
 # C[b] = op(A[b]) op(B[b]), all column-major (m x n, inner dimension k); offsets[b] =
 # element offsets of A[b], B[b], C[b]; mode: 1 transposes A, 2 transposes B.
 _GEMM = (
-    _PRELUDE
+    PRELUDE
     + r"""
 using probtorch_gemm = void (*)(const char*, const char*, const int*, const int*, const int*,
                                 const {t}*, const {t}*, const int*, const {t}*, const int*,
@@ -110,7 +110,7 @@ extern "C" void kernel(const {t}* A, const {t}* B, {t}* C, const int64_t* offset
 # y = op(A) x, A column-major (rows x cols, leading dimension lda), x and y with strides
 # incx, incy; mode 1 transposes A. torch's mv calls the same gemv with beta 0.
 _GEMV = (
-    _PRELUDE
+    PRELUDE
     + r"""
 using probtorch_gemv = void (*)(const char*, const int*, const int*, const {t}*, const {t}*,
                                 const int*, const {t}*, const int*, const {t}*, {t}*,
@@ -136,7 +136,7 @@ extern "C" void kernel(const {t}* A, const {t}* x, {t}* y, int64_t rows, int64_t
 # written with stride incy. In a unit of scalar code (a small model's graph, compiled with
 # cpp.simdlen=1, has no vector types) plain dot products, one row after the other.
 _MATVEC = (
-    _PRELUDE
+    PRELUDE
     + r"""
 extern "C" void kernel(const {t}* A, const {t}* x, {t}* y, int64_t rows, int64_t cols,
                        int64_t sr, int64_t sc, int64_t incx, int64_t incy)
@@ -220,7 +220,7 @@ extern "C" void kernel(const {t}* A, const {t}* x, {t}* y, int64_t rows, int64_t
 # L[b] = the Cholesky factor of A[b] as torch's linalg_cholesky_ex makes it: A copied into
 # column-major L, LAPACK's potrf, the other triangle zeroed; info[b] = potrf's info.
 _POTRF = (
-    _PRELUDE
+    PRELUDE
     + r"""
 using probtorch_potrf = void (*)(const char*, const int*, {t}*, const int*, int*);
 extern "C" void kernel(const {t}* A, {t}* L, int32_t* info, const int64_t* offsets,
