@@ -91,7 +91,8 @@ def jax_compile_intervals() -> list:
 
 
 def worker_env(cold_cache: str | None) -> dict:
-    """One thread for torch, BLAS and XLA; ``cold_cache``: an empty compile-cache dir."""
+    """One thread for torch, BLAS and XLA; ``cold_cache``: an empty compile-cache dir
+    (probtorch keeps Inductor's precompiled C++ header there too)."""
     env = dict(os.environ)
     env.update(
         XLA_FLAGS=XLA_FLAGS,

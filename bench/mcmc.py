@@ -409,11 +409,14 @@ _cpu = cpu_seconds
 def run_probtorch(model, cfg):
     import importlib
 
+    t_import = time.perf_counter()  # the library's imports: see "import_s" in the README
     import torch
 
+    from probtorch.inference import MCMC, NUTS
+
+    import_s = time.perf_counter() - t_import
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
-    from probtorch.inference import MCMC, NUTS
 
     driver = importlib.import_module("probtorch.inference.mcmc.mcmc")
     marks = {}
@@ -488,6 +491,7 @@ def run_probtorch(model, cfg):
     num_steps = mcmc.get_extra_fields(group_by_chain=True)["num_steps"]
     diverging = mcmc.get_extra_fields(group_by_chain=True)["diverging"]
     return {
+        "import_s": import_s,
         "total_s": t1 - t0,
         "total_cpu_s": c1 - c0,
         "pre_sample_s": w_end[0] - t0,
@@ -534,8 +538,14 @@ def _union_length(intervals: list, lo: float, hi: float) -> float:
 
 
 def run_numpyro(model, cfg):
+    t_import = time.perf_counter()
     import jax
     import numpyro
+
+    numpyro.enable_x64()  # before numpyro.infer, as the script always did
+    from numpyro.infer import MCMC, NUTS
+
+    import_s = time.perf_counter() - t_import
 
     # Synchronous dispatch (also set as JAX_CPU_ENABLE_ASYNC_DISPATCH by spawn): otherwise
     # the sequential chain method traces and compiles chain k+1 while chain k still runs
@@ -545,9 +555,6 @@ def run_numpyro(model, cfg):
     # JAX reports tracing, lowering and XLA compilation as durations: keep them as
     # intervals (nested traces overlap) to take compilation out of the sampling phase.
     compiles = jax_compile_intervals()
-
-    numpyro.enable_x64()
-    from numpyro.infer import MCMC, NUTS
 
     fn, args = numpyro_model(model, make_data(model))
     opts = MODEL_OPTS[model]
@@ -574,6 +581,7 @@ def run_numpyro(model, cfg):
     # mcmc.run after mcmc.warmup traces and compiles its sampling loop again (once per
     # chain with chain_method="sequential"): taken out of sampling by derive().
     return {
+        "import_s": import_s,
         "total_s": t1 - t0,
         "total_cpu_s": c1 - c0,
         "pre_sample_s": tw - t0,
@@ -588,10 +596,13 @@ def run_numpyro(model, cfg):
 
 
 def run_pyro(model, cfg):
+    t_import = time.perf_counter()
     import pyro
     import pyro.ops.integrator as integrator
     import torch
     from pyro.infer import MCMC, NUTS
+
+    import_s = time.perf_counter() - t_import
 
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
@@ -640,6 +651,7 @@ def run_pyro(model, cfg):
         div = sum(len(v) for v in mcmc.diagnostics().get("divergences", {}).values())
     sample_s = acc["Sample"][0]
     return {
+        "import_s": import_s,
         "total_s": t1 - t0,
         "total_cpu_s": c1 - c0,
         # everything before the sampling stage's transitions: setup + warmup (all chains)
@@ -766,6 +778,9 @@ def _derive_one(rec: dict, full: dict) -> dict:
     # phases apart (one plain mcmc.run compiles once): left out of compile and total.
     total_s = full["total_s"] - (smp_c if rec["config"]["lib"] == "numpyro" else 0.0)
     ess = full.get("min_bulk_ess", float("nan"))
+    # the script's time to result: the library's imports (probtorch imports torch's compiler
+    # inside the run, at its first compile; JAX loads XLA at import) and the whole run
+    to_result_s = full.get("import_s", float("nan")) + total_s
     return {
         "first_draw_s": probe.get("total_s", float("nan")),
         "compile_s": pre_c + (0.0 if rec["config"]["lib"] == "numpyro" else smp_c),
@@ -776,6 +791,8 @@ def _derive_one(rec: dict, full: dict) -> dict:
         "min_bulk_ess": ess,
         "ess_per_s_sample": ess / sample_s,
         "ess_per_s_total": ess / total_s,
+        "import_s": full.get("import_s", float("nan")),
+        "ess_per_s_to_result": ess / to_result_s,
         "ess_per_cpu_s_sample": ess / max(sample_cpu_s, 1e-9),
         "cpu_share_sample": sample_cpu_s / sample_s,
     }
@@ -793,6 +810,9 @@ def run_bench(args) -> None:
         "pyro": args.pyro,
         "cpu": args.cpu,
         "warm_cache": args.warm_cache,
+        # probtorch keeps Inductor's precompiled C++ header in TORCHINDUCTOR_CACHE_DIR
+        # (compile.keep_headers_with_cache): a cold run builds it, as a machine's first does
+        "inductor_header": "in the cold cache",
     }
     # repeats run every job once per seed, the libraries taking turns, so that each
     # library's median comes from the same stretch of time on a machine whose speed drifts
@@ -830,7 +850,8 @@ def run_bench(args) -> None:
                 f"warmup {d['warmup_s']:.1f}s sample {d['sample_s']:.1f}s "
                 f"total {d['total_s']:.1f}s | {d['grad_per_s']:.0f} grad/s "
                 f"| min ESS {d['min_bulk_ess']:.0f} | ESS/s {d['ess_per_s_sample']:.1f} "
-                f"(total {d['ess_per_s_total']:.2f})",
+                f"(total {d['ess_per_s_total']:.2f}; imports {d['import_s']:.2f}s, "
+                f"{d['ess_per_s_to_result']:.2f} with them)",
                 flush=True,
             )
         results["runs"][key] = rec
@@ -854,6 +875,12 @@ def _fmt(x, nd=1) -> str:
     if abs(x) >= 100:
         return f"{x:.0f}"
     return f"{x:.{nd}f}"
+
+
+def _ratio(p: dict, o: dict, metric: str) -> str:
+    """``p[metric] / o[metric]`` to two places; '–' where either lacks it (older runs)."""
+    a, b = p.get(metric, float("nan")), o.get(metric, float("nan"))
+    return "–" if math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
 
 
 def _best_numpyro(runs: dict, model: str, metric: str):
@@ -886,15 +913,23 @@ def write_results(results: dict, args) -> None:
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items() if v),
         f"- Each run in a fresh process, `taskset -c {results.get('settings', {}).get('cpu')}`, "
         f"one thread (`torch.set_num_threads(1)`, XLA_FLAGS=`{XLA_FLAGS}`), float64, "
-        "cold compile caches.",
+        "cold compile caches"
+        + (
+            ", Inductor's precompiled C++ header among them (built in every cold run, as on "
+            "a machine's first compile)."
+            if results.get("settings", {}).get("inductor_header")
+            else " except Inductor's precompiled C++ header (kept under /tmp between runs "
+            "before probtorch kept it in the cache directory; see bench/README.md)."
+        ),
         "",
     ]
     header = (
         "| model | library | chains × (warmup+draws) | first draw s | compile s | warmup s | "
         "sample s | total s | grad/s | min bulk ESS | ESS/s (sample) | ESS/s (total) | "
-        "ESS/CPU-s (sample) | div | load (1 min) | bench wall s |"
+        "imports s | ESS/s (imports + total) | ESS/CPU-s (sample) | div | load (1 min) | "
+        "bench wall s |"
     )
-    lines += [header, "|" + "---|" * 16]
+    lines += [header, "|" + "---|" * 18]
     order = {m: i for i, m in enumerate(MODELS)}
     for key in sorted(runs, key=lambda k: (order.get(k.split("/")[0], 99), k)):
         r = runs[key]
@@ -910,7 +945,7 @@ def write_results(results: dict, args) -> None:
             err = (full.get("error") or r.get("probe", {}).get("error") or "?").strip()
             lines.append(
                 f"| {cfg['model']} | {lib} | {setting} | failed: "
-                f"{err.splitlines()[-1][:120].replace('|', '/')} |" + " |" * 12
+                f"{err.splitlines()[-1][:120].replace('|', '/')} |" + " |" * 14
             )
             continue
         wall = sum(f.get("process_wall_s", 0.0) for f in [full, *r.get("more_full", [])])
@@ -920,7 +955,8 @@ def write_results(results: dict, args) -> None:
             f"{_fmt(d['compile_s'])} | "
             f"{_fmt(d['warmup_s'])} | {_fmt(d['sample_s'])} | {_fmt(d['total_s'])} | "
             f"{d['grad_per_s']:.0f} | {d['min_bulk_ess']:.0f} | {_fmt(d['ess_per_s_sample'])} | "
-            f"{_fmt(d['ess_per_s_total'], 2)} | {_fmt(d['ess_per_cpu_s_sample'])} | "
+            f"{_fmt(d['ess_per_s_total'], 2)} | {_fmt(d.get('import_s'), 2)} | "
+            f"{_fmt(d.get('ess_per_s_to_result'), 2)} | {_fmt(d['ess_per_cpu_s_sample'])} | "
             f"{full.get('divergences', '–')} | {_fmt(load, 2)} | {wall:.0f} |"
         )
     lines += [
@@ -931,9 +967,9 @@ def write_results(results: dict, args) -> None:
         "Agreement: max over scalars of |mean(probtorch) − mean(other)| / sd(other), "
         "a sanity check that both sample the same posterior (≲ 0.15 expected at these ESS).",
         "",
-        "| model | probtorch executor | vs | ESS/s (sample) | ESS/s (total) | grad/s | "
-        "ESS/CPU-s | compile s (pt / other) | agreement |",
-        "|" + "---|" * 9,
+        "| model | probtorch executor | vs | ESS/s (sample) | ESS/s (total) | "
+        "ESS/s (imports + total) | grad/s | ESS/CPU-s | compile s (pt / other) | agreement |",
+        "|" + "---|" * 10,
     ]
     for model, variant in itertools.product(MODELS, PROBTORCH_VARIANTS):
         pt = runs.get(f"{model}/probtorch/{variant}")
@@ -961,6 +997,7 @@ def write_results(results: dict, args) -> None:
                 f"| {model} | {executor} | {vs} | "
                 f"{p['ess_per_s_sample'] / od['ess_per_s_sample']:.2f} | "
                 f"{p['ess_per_s_total'] / otd['ess_per_s_total']:.2f} | "
+                f"{_ratio(p, otd, 'ess_per_s_to_result')} | "
                 f"{p['grad_per_s'] / od['grad_per_s']:.2f} | "
                 f"{p['ess_per_cpu_s_sample'] / od['ess_per_cpu_s_sample']:.2f} | "
                 f"{_fmt(p['compile_s'])} / {_fmt(od['compile_s'])} | "
