@@ -343,3 +343,38 @@ def test_prebuild_settings_and_command_line(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         prebuild.main(["--num-chains", "0"])
     assert "num_chains must be counts >= 1" in capsys.readouterr().err
+
+
+def test_kept_scalar_graph_loads_its_kernels_with_its_own_options(cache_dir, monkeypatch):
+    """A graph compiled as scalar code (``cpp.simdlen=1``, small models) builds or finds its
+    C++ kernels at load time under the options it was compiled with: with Inductor's
+    defaults they were compiled again with AVX-512 flags (a new cache key) at every load."""
+    from torch._inductor import codecache
+    from torch._inductor import config as inductor_config
+
+    dtype, scalar = torch.float64, {"cpp.simdlen": 1}
+    first = SplitLoop(
+        _descent(hole_value_and_grad), _quadratic(5, dtype), options=scalar,
+        graph_name="descent-scalar",
+    )  # fmt: skip
+    first(_start(3, 5, dtype), *_args(3, dtype))
+    assert len(_entries(cache_dir)) == 1
+
+    seen = []
+    original = codecache.CppCodeCache.load_async.__func__
+
+    def load_async(cls, *args, **kwargs):
+        seen.append(inductor_config.cpp.simdlen)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(codecache.CppCodeCache, "load_async", classmethod(load_async))
+    loop = SplitLoop(
+        _descent(hole_value_and_grad), _quadratic(7, dtype), options=scalar,
+        graph_name="descent-scalar",
+    )  # fmt: skip
+    state, args = _start(4, 7, dtype), _args(4, dtype)
+    assert loop.load_kept(state, *args)
+    got = loop(state, *args)
+    for a, b in zip(got, _eager(4, 7, dtype)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert seen and set(seen) == {1}, seen

@@ -502,7 +502,12 @@ class SplitLoop(InPlaceLoop):
         written = [*range(num_state), len(inputs) - 1]
         with torch_validation(False):
             found = load_graph(
-                lambda: sampler_cache.load(path, inputs), inputs, written, True, True
+                lambda: sampler_cache.load(path, inputs),
+                inputs,
+                written,
+                True,
+                True,
+                config_patches=self._compile_options()[0],
             )
         if found is None:
             return False

@@ -11,13 +11,15 @@ example in an image's build step with the caches inside the image::
     PROBTORCH_CACHE_DIR=/opt/cache/probtorch TORCHINDUCTOR_CACHE_DIR=/opt/cache/inductor \\
         python -m probtorch.inference.mcmc.prebuild --dtype float64 --jobs 4
 
-(the same two variables set when the models run). One graph serves every model whose
-sampler shares its settings: the dtype, a diagonal or dense metric, scalar code (models of
-at most :data:`~.kernels.SCALAR_CODE_MAX_NUMEL` elements per chain) or vector code, one
-chain or several, and the NUTS options ``max_tree_depth``, ``target_accept_prob``,
-``max_delta_energy`` and ``chunk_size``. The kept entries also depend on torch's version,
-probtorch's source and the CPU's vector instruction set, so they are built on (or for) the
-machine that runs the models. CPU only, as the split path.
+(the same two variables set when the models run; Inductor's precompiled C++ header goes
+into ``TORCHINDUCTOR_CACHE_DIR`` too:
+:func:`probtorch.inference.compile.keep_headers_with_cache`). One graph serves every model
+whose sampler shares its settings: the dtype, a diagonal or dense metric, scalar code
+(models of at most :data:`~.kernels.SCALAR_CODE_MAX_NUMEL` elements per chain) or vector
+code, one chain or several, and the NUTS options ``max_tree_depth``,
+``target_accept_prob``, ``max_delta_energy`` and ``chunk_size``. The kept entries also
+depend on torch's version, probtorch's source and the CPU's vector instruction set, so they
+are built on (or for) the machine that runs the models. CPU only, as the split path.
 """
 
 from __future__ import annotations
