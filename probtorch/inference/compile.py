@@ -127,7 +127,8 @@ def inductor_base_options() -> dict:
     the CPU flags too (:func:`_trust_cpu_flags_for_isa_probes`); other probes (AMX) still
     run. ``PROBTORCH_PROBE_VEC_ISA=1`` restores all probes. Where
     ``TORCHINDUCTOR_CACHE_DIR`` is set, Inductor's precompiled C++ header is kept in it
-    (:func:`keep_headers_with_cache`).
+    (:func:`keep_headers_with_cache`), and a compile builds that header only once it pays
+    for itself (:mod:`~probtorch.inference.precompiled_header`).
 
     Example::
 
@@ -136,9 +137,11 @@ def inductor_base_options() -> dict:
     """
     from .graph_passes import ProbtorchPasses
     from .kernel_source import patch_inductor_kernels
+    from .precompiled_header import defer_header_builds
 
     patch_inductor_kernels()
     keep_headers_with_cache()
+    defer_header_builds()
     options = {"post_grad_custom_pre_pass": ProbtorchPasses()}
     probe = os.environ.get("PROBTORCH_PROBE_VEC_ISA", "0").strip().lower() not in _FALSE
     if not probe and sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64"):

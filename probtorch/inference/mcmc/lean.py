@@ -376,11 +376,14 @@ def _start_build(
 
 
 def spawn_build(module: str, job: str) -> subprocess.Popen:
-    """Start ``python -m module job`` in the background, its output in ``job + ".log"``."""
+    """Start ``python -m module job`` in the background, its output in ``job + ".log"``.
+    It builds Inductor's precompiled header if missing, off the sampler's path
+    (:mod:`~probtorch.inference.precompiled_header`)."""
     log = open(job + ".log", "w")  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(
             [sys.executable, "-m", module, job],
+            env={**os.environ, "PROBTORCH_DEFER_HEADER": "0"},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

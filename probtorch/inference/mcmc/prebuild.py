@@ -103,6 +103,7 @@ def build_one(setting: SamplerSetting) -> tuple[SamplerSetting, float, str | Non
     import probtorch as pt
     import probtorch.distributions as dist
 
+    from ..precompiled_header import building_headers
     from . import sampler_cache
     from .executor import SplitLoop
     from .kernels import NUTS
@@ -123,7 +124,8 @@ def build_one(setting: SamplerSetting) -> tuple[SamplerSetting, float, str | Non
         kernel = NUTS(standard_normal, executor="split", **options)
         mcmc = MCMC(kernel, num_warmup=10, num_samples=10, num_chains=setting.num_chains,
                     progress_bar=False, seed=0)  # fmt: skip
-        with warnings.catch_warnings(record=True) as caught:
+        # off any sampler's path: Inductor's precompiled header is built now if missing
+        with warnings.catch_warnings(record=True) as caught, building_headers():
             warnings.simplefilter("always")
             mcmc.run()
         loop = kernel._block_loop
