@@ -11,8 +11,9 @@ example in an image's build step with the caches inside the image::
     PROBTORCH_CACHE_DIR=/opt/cache/probtorch TORCHINDUCTOR_CACHE_DIR=/opt/cache/inductor \\
         python -m probtorch.inference.mcmc.prebuild --dtype float64 --jobs 4
 
-(the same two variables set when the models run; Inductor's precompiled C++ header goes
-into ``TORCHINDUCTOR_CACHE_DIR`` too:
+(the same two variables set when the models run; Inductor's precompiled C++ header, which
+a model's compile would defer (:mod:`probtorch.inference.precompiled_header`), is built too
+and goes into ``TORCHINDUCTOR_CACHE_DIR``:
 :func:`probtorch.inference.compile.keep_headers_with_cache`). One graph serves every model
 whose sampler shares its settings: the dtype, a diagonal or dense metric, scalar code
 (models of at most :data:`~.kernels.SCALAR_CODE_MAX_NUMEL` elements per chain) or vector
