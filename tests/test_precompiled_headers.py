@@ -13,6 +13,7 @@ import pytest
 from filelock import FileLock
 
 from probtorch.inference import compile as pt_compile
+from probtorch.inference import precompiled_header
 from probtorch.inference.precompiled_header import RENT_LIMIT, header_on_demand
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,9 @@ def test_header_deferred_then_built_in_the_inductor_cache_and_found(tmp_path):
     (rent,) = headers.glob("*.h.rent")
     paid = rent.stat().st_size
     assert 1 <= paid < RENT_LIMIT
+    # the same compile again loads its kernels from the cache: nothing built, no rent
+    _compile_in_subprocess(cache, tmp)
+    assert rent.stat().st_size == paid
     # a background build (PROBTORCH_DEFER_HEADER=0) builds it, in the cache directory
     _compile_in_subprocess(cache, tmp, PROBTORCH_DEFER_HEADER="0")
     (gch,) = headers.glob("*.gch")
@@ -100,6 +104,7 @@ def fake_inductor(tmp_path, monkeypatch):
     """Inductor's header step as torch 2.13 has it: the header's place, then a locked build
     of the .gch unless it exists (``_worker_compile_cpp``)."""
     monkeypatch.delenv("PROBTORCH_DEFER_HEADER", raising=False)
+    monkeypatch.setattr(precompiled_header, "_generated_code", lambda: True)
     builds = []
 
     def worker_compile(lock, builders):
@@ -154,3 +159,14 @@ def test_with_deferral_off_the_header_is_built_at_once(fake_inductor, monkeypatc
     header = on_demand("prefix.h", "g++ -O3")
     assert builds == [header + ".gch"]
     assert not os.path.exists(header + ".rent")
+
+
+def test_a_process_that_only_loads_cached_code_pays_no_rent(fake_inductor, monkeypatch):
+    codecache, build, builds = fake_inductor
+    monkeypatch.setattr(precompiled_header, "_generated_code", lambda: False)
+    on_demand = header_on_demand(codecache, build)
+    for _ in range(RENT_LIMIT + 1):
+        assert on_demand("prefix.h", "g++ -O3") is None
+    found = on_demand.locate(codecache._HEADER_DIR, "prefix.h", "g++ -O3")
+    assert found.rent_paid() == 0
+    assert builds == []

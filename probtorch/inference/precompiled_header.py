@@ -14,9 +14,12 @@ compiled in 6.8 s of g++ with it against 2.7 s without, logistic regression 9.6 
 go without it, until the kernels built without it on this machine would have paid for it
 (:data:`RENT_LIMIT` of them: the rule of renting skis until the rent reaches the price,
 never more than twice the best choice made knowing the future). Each such kernel is
-counted in a file beside the header. Processes that build in the background (the sampler
-graph and lean package builds, ``prebuild``) build the header at once, off the sampler's
-path, so with ``executor="auto"`` a machine's second model finds it. The kernels are the
+counted in a file beside the header (every kernel a process asks a header for once it has
+generated code: Inductor asks before it looks for the kernel on disk, so a kernel found
+there may count too; a process that only loads cached graphs counts none). Processes
+that build in the background (the sampler graph and lean package builds, ``prebuild``)
+build the header at once, off the sampler's path, so with ``executor="auto"`` a machine's
+second model finds it. The kernels are the
 same either way: Inductor hashes a build's command before it adds the header, so a
 kernel built without the header is found in the cache by a process that has it.
 
@@ -113,6 +116,16 @@ class _Header:
             pass
 
 
+def _generated_code() -> bool:
+    """Inductor generated code in this process (a graph not found in its cache): the kernels
+    it asks a header for are being built. Inductor asks before it looks for a kernel on disk,
+    so a process that only loads cached graphs would otherwise pay rent for nothing."""
+    from torch._dynamo.utils import counters
+
+    made = counters["inductor"]
+    return made["fxgraph_cache_miss"] + made["fxgraph_cache_bypass"] > 0
+
+
 def header_on_demand(codecache, build: Callable[..., str]) -> Callable[..., str | None]:
     """Inductor's ``_precompile_header`` (``build``) made to return ``None`` (compile
     without a header) while the header is not built and this machine has built fewer than
@@ -148,7 +161,8 @@ def header_on_demand(codecache, build: Callable[..., str]) -> Callable[..., str 
             return found.path
         if found.rent_paid() >= RENT_LIMIT:
             return build(header, command_line, **command)
-        found.pay_rent()
+        if _generated_code():
+            found.pay_rent()
         return None
 
     precompile_header.locate = locate
