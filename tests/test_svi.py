@@ -210,7 +210,7 @@ def test_step_and_evaluate_loss():
     assert isinstance(loss, float)
     svi.step(y)
     assert float(svi.get_params()["loc"]) > 0  # moved toward the data (mean 1.5)
-    assert float(svi.param_store["loc"]) == float(svi.get_params()["loc"])
+    assert float(svi.param_store["loc"].detach()) == float(svi.get_params()["loc"])
 
 
 def test_module_guide_is_trained_in_place():
