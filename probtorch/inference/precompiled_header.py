@@ -4,11 +4,12 @@ Every C++ kernel Inductor builds starts with its prelude (``torch/csrc/inductor/
 ATen's vector classes, 5.9 MB of preprocessed C++, about 1.8 s for g++ to parse). At the
 first build with a given torch, compiler and set of flags Inductor precompiles that prelude
 into a header (130-290 MB) and every later build loads it instead. On this project's 2-core
-machines (one core, cold caches) the header took 4.8-6.7 s to build and saved 0.9-3.5 s per
-kernel build after it; a NUTS step is one or two builds (the six benchmark models' quick
-path), so on a machine's first model the header cost more than it saved: eight schools
-compiled in 6.8 s of g++ with it against 2.7 s without, logistic regression 9.6 against
-7.3 s, the SAAS GP 11.3 against 10.6 s.
+machines (one core, cold caches, single runs) the header took 4.8-6.7 s to build and saved
+0.9-3.5 s per kernel build after it (the builds replayed alone, medians: 7.0-7.9 s and
+1.8-2.2 s); a NUTS step is one or two builds (the six benchmark models' quick path), so on a
+machine's first model the header cost more than it saved: eight schools spent 6.8 s in g++
+with it against 2.7 s without, logistic regression 9.6 against 7.3 s, the SAAS GP 11.3
+against 10.6 s.
 
 :func:`defer_header_builds` lets a compile use the header when it is built and otherwise
 go without it, until the kernels built without it on this machine would have paid for it
