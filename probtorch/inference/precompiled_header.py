@@ -136,6 +136,10 @@ def header_on_demand(codecache, build: Callable[..., str]) -> Callable[..., str 
 
     @functools.cache
     def locate(header_dir: str, header: str, command_line: str, **command) -> _Header | None:
+        # Inductor's build step is swapped for a recorder for the call (about 0.2 s, once
+        # per header and process). Inductor binds that step when it asks for a header, on
+        # the thread that compiles, so only a second thread compiling at this moment in the
+        # same process could pick up the recorder.
         seen = []
         with _locating:
             run_build = codecache._worker_compile_cpp
