@@ -566,3 +566,63 @@ def test_inference_runs_with_one_intra_op_thread(monkeypatch):
         assert seen == [1, 3] and torch.get_num_threads() == 3
     finally:
         original(before)
+
+
+def _recording_progress(monkeypatch):
+    """Replace the driver's progress bar by one that records what it is told: ``(phase,
+    "compiling")`` for a compile notice, ``(phase, description)`` for each report."""
+    from probtorch.inference.mcmc import mcmc as driver
+
+    events = []
+
+    class Recorder(driver._progress):
+        def compiling(self):
+            events.append((self.phase, "compiling"))
+            super().compiling()
+
+        def __call__(self, n, step_size, divergences):
+            events.append((self.phase, self.bar.desc.removesuffix(": ")))  # tqdm's colon
+            super().__call__(n, step_size, divergences)
+
+    monkeypatch.setattr(driver, "_progress", Recorder)
+    return events
+
+
+@pytest.mark.parametrize("make_kernel", [NUTS, lambda model: HMC(model, num_steps=4)],
+                         ids=["nuts", "hmc"])  # fmt: skip
+def test_progress_bar_says_when_the_sampler_compiles(monkeypatch, make_kernel):
+    """A compiled sampler's first transitions compile it (10-25 s on a machine's first run):
+    the warmup bar says so until the first transitions are reported. A continued run of the
+    same kernel compiles nothing and says nothing of it."""
+    events = _recording_progress(monkeypatch)
+    mcmc = MCMC(make_kernel(standard_normal(50)), num_warmup=20, num_samples=20, num_chains=4,
+                seed=0)  # fmt: skip
+    mcmc.run()
+    assert events[0] == ("warmup", "compiling")
+    assert events[1] == ("warmup", "warmup (compiling)")  # the first report, then reset
+    assert set(events[2:]) <= {("warmup", "warmup"), ("sample", "sample")}
+    assert ("sample", "sample") in events
+    events.clear()
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run()
+    assert events and set(events) == {("sample", "sample")}
+
+
+@pytest.mark.parametrize("kernel", [NUTS, HMC])
+def test_progress_bar_says_nothing_of_compiling_without_compile(monkeypatch, kernel):
+    events = _recording_progress(monkeypatch)
+    mcmc = MCMC(kernel(standard_normal(3), compile=False), num_warmup=10, num_samples=10,
+                seed=0)  # fmt: skip
+    mcmc.run()
+    assert events and set(events) == {("warmup", "warmup"), ("sample", "sample")}
+
+
+def test_progress_bar_shows_step_size_and_divergences():
+    from probtorch.inference.mcmc.mcmc import _progress
+
+    with _progress("warmup", 10, True) as bar:
+        bar.compiling()
+        assert bar.bar.desc.removesuffix(": ") == "warmup (compiling)"
+        bar(3, torch.tensor([0.5, 0.25]), 2)
+        assert bar.bar.desc.removesuffix(": ") == "warmup" and bar.bar.n == 3
+        assert bar.bar.postfix == "divergences=2, step_size=5.00e-01, 2.50e-01"

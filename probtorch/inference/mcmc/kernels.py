@@ -243,6 +243,16 @@ class _HamiltonianKernel:
     def _build(self, potential: Potential) -> None:
         raise NotImplementedError
 
+    def _tell_compiling(self, loop, progress: Callable | None) -> None:
+        """Call ``progress.compiling()`` (where ``progress`` has it) if the next call of
+        ``loop`` compiles: the potential is compiled and the loop has never run. A first
+        compile takes seconds (10-25 s for the benchmark models on a machine's first run),
+        during which a progress bar would otherwise stand at 0 without saying why."""
+        notice = getattr(progress, "compiling", None)
+        if notice is None or loop is None or not self.potential.compiled or loop.calls:
+            return
+        notice()
+
     def sample(self, state: SamplerState) -> tuple[SamplerState, TransitionResult]:
         """One transition for every chain."""
         raise NotImplementedError
@@ -258,7 +268,9 @@ class _HamiltonianKernel:
     ) -> SegmentResult:
         """``num_transitions`` transitions per chain, adapting as told after each one.
 
-        ``progress(n, step_size, divergences)`` is called as transitions complete.
+        ``progress(n, step_size, divergences)`` is called as transitions complete, and
+        ``progress.compiling()``, where it has one, before a first transition that compiles
+        the sampler.
 
         The step size follows dual averaging when ``adapt_step_size``; draws feed the
         mass-matrix estimate when ``collect_mass``. A KeyboardInterrupt ends the segment
@@ -268,6 +280,8 @@ class _HamiltonianKernel:
         draws = state.z.new_empty(C, num_transitions, D)
         stats = {name: [] for name in STAT_NAMES}
         filled, interrupted, divergences = 0, False, 0
+        if num_transitions > 0:
+            self._tell_compiling(getattr(self, "_loop", None), progress)
         try:
             for i in range(num_transitions):
                 step_size = state.step_size
@@ -538,6 +552,8 @@ class NUTS(_HamiltonianKernel):
         remaining = torch.full((C,), num_transitions, dtype=torch.int64, device=device)
         flags = (torch.tensor(bool(adapt_step_size), device=device),)
         interrupted = False
+        if num_transitions > 0:
+            self._tell_compiling(self._block_loop, progress)
         try:
             while bool((remaining > 0).any()):
                 t_limit = remaining.clamp(max=T)

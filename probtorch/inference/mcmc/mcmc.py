@@ -242,10 +242,13 @@ def _cat_chains(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 class _progress:
-    """A tqdm bar for one phase, called with the number of transitions just completed."""
+    """A tqdm bar for one phase, called with the number of transitions just completed;
+    :meth:`compiling` says in it that the sampler is being compiled, until the first
+    transitions are reported."""
 
     def __init__(self, phase: str, total: int, enabled: bool):
         self.phase, self.total, self.enabled = phase, total, enabled
+        self._compiling = False
 
     def __enter__(self):
         from tqdm.auto import tqdm
@@ -253,7 +256,15 @@ class _progress:
         self.bar = tqdm(total=self.total, desc=self.phase, disable=not self.enabled)
         return self
 
+    def compiling(self) -> None:
+        if self.enabled:
+            self.bar.set_description(f"{self.phase} (compiling)")
+            self._compiling = True
+
     def __call__(self, n: int, step_size: torch.Tensor, divergences: int) -> None:
+        if self._compiling:
+            self.bar.set_description(self.phase, refresh=False)
+            self._compiling = False
         if self.enabled:
             values = step_size.tolist()
             shown = ", ".join(f"{v:.2e}" for v in values[:4]) + (" ..." if len(values) > 4 else "")
