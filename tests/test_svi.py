@@ -304,6 +304,20 @@ def test_progress_bar(capsys):
     svi.run(7, _data(5))
     err = capsys.readouterr().err
     assert "loss=" in err and "7/7" in err  # the steps fed between refreshes are all shown
+    assert "compiling" not in err
+
+
+def test_progress_bar_says_when_the_step_compiles(capsys):
+    """The first block compiles the step (seconds): the bar says so until it has run; a
+    second run of the same SVI object compiles nothing and says nothing of it."""
+    svi = SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO())
+    svi.run(7, _data(5))
+    err = capsys.readouterr().err
+    assert "SVI (compiling)" in err
+    assert err.rstrip().split("\r")[-1].startswith("SVI: 100%")  # the final state, reset
+    svi.run(7, _data(5))
+    err = capsys.readouterr().err
+    assert "7/7" in err and "compiling" not in err
 
 
 def test_bar_feed_refreshes_with_the_mean_loss_since_the_last_refresh():

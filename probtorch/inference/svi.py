@@ -710,7 +710,9 @@ class SVI:
         replace the current params and restart the optimizer state. Ctrl-C stops the run
         and returns the result so far, with a warning; so does a non-finite loss, keeping the
         params of the last step with a finite loss. torch runs with
-        ``PROBTORCH_NUM_THREADS`` intra-op threads meanwhile (default 1).
+        ``PROBTORCH_NUM_THREADS`` intra-op threads meanwhile (default 1). The progress bar
+        shows the mean loss, and reads ``SVI (compiling)`` while the first call of the step
+        compiles it.
         """
         with inference_threads():
             return self._run(num_steps, args, progress_bar, init_params, kwargs)
@@ -728,6 +730,8 @@ class SVI:
         block = self.steps_per_call if num_steps >= self.steps_per_call else max(num_steps, 1)
         bar = tqdm(total=num_steps, disable=not progress_bar, desc="SVI")
         shown = _BarFeed(bar) if progress_bar else None
+        # the first call of a block size compiles it (seconds): the bar says so meanwhile
+        compiling = progress_bar and self.compiled and (block, True) not in self._blocks
         done = 0
         calls = 0
         guards = contextlib.ExitStack()
@@ -751,7 +755,12 @@ class SVI:
                         guards.enter_context(skip_guards(self.compiled))
                     calls += 1
                     active = min(block, num_steps - done)
+                    if compiling:
+                        bar.set_description("SVI (compiling)")
                     losses, oks = self._run_block(block, active, laid_args, laid_kwargs)
+                    if compiling:
+                        bar.set_description("SVI", refresh=False)
+                        compiling = False
                     if not all(oks):
                         all_losses.extend(losses[: oks.index(False)])
                         failed, message = self._handle_nonfinite(
