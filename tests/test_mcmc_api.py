@@ -606,6 +606,9 @@ def test_progress_bar_says_when_the_sampler_compiles(monkeypatch, make_kernel):
     mcmc.post_warmup_state = mcmc.last_state
     mcmc.run()
     assert events and set(events) == {("sample", "sample")}
+    events.clear()  # without warmup, the sampling bar says it (a new kernel: its own compile)
+    MCMC(make_kernel(standard_normal(50)), num_warmup=0, num_samples=5, num_chains=4).run()
+    assert events[:2] == [("sample", "compiling"), ("sample", "sample (compiling)")]
 
 
 @pytest.mark.parametrize("kernel", [NUTS, HMC])

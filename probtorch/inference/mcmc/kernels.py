@@ -243,15 +243,17 @@ class _HamiltonianKernel:
     def _build(self, potential: Potential) -> None:
         raise NotImplementedError
 
-    def _tell_compiling(self, loop, progress: Callable | None) -> None:
-        """Call ``progress.compiling()`` (where ``progress`` has it) if the next call of
-        ``loop`` compiles: the potential is compiled and the loop has never run. A first
-        compile takes seconds (10-25 s for the benchmark models on a machine's first run),
-        during which a progress bar would otherwise stand at 0 without saying why."""
+    def _tell_compiling(self, loop, progress: Callable | None, num_transitions: int) -> None:
+        """Call ``progress.compiling()`` (where ``progress`` has it) if a segment of
+        ``num_transitions`` starts by compiling ``loop``: there are transitions to run, the
+        potential is compiled and the loop has never run. A first compile takes seconds
+        (10-25 s for the benchmark models on a machine's first run), during which a progress
+        bar would otherwise stand at 0 without saying why."""
         notice = getattr(progress, "compiling", None)
-        if notice is None or loop is None or not self.potential.compiled or loop.calls:
+        if notice is None or loop is None or num_transitions <= 0:
             return
-        notice()
+        if self.potential.compiled and not loop.calls:
+            notice()
 
     def sample(self, state: SamplerState) -> tuple[SamplerState, TransitionResult]:
         """One transition for every chain."""
@@ -280,8 +282,7 @@ class _HamiltonianKernel:
         draws = state.z.new_empty(C, num_transitions, D)
         stats = {name: [] for name in STAT_NAMES}
         filled, interrupted, divergences = 0, False, 0
-        if num_transitions > 0:
-            self._tell_compiling(getattr(self, "_loop", None), progress)
+        self._tell_compiling(getattr(self, "_loop", None), progress, num_transitions)
         try:
             for i in range(num_transitions):
                 step_size = state.step_size
@@ -552,8 +553,7 @@ class NUTS(_HamiltonianKernel):
         remaining = torch.full((C,), num_transitions, dtype=torch.int64, device=device)
         flags = (torch.tensor(bool(adapt_step_size), device=device),)
         interrupted = False
-        if num_transitions > 0:
-            self._tell_compiling(self._block_loop, progress)
+        self._tell_compiling(self._block_loop, progress, num_transitions)
         try:
             while bool((remaining > 0).any()):
                 t_limit = remaining.clamp(max=T)
