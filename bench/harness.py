@@ -90,9 +90,11 @@ def jax_compile_intervals() -> list:
     return intervals
 
 
-def worker_env(cold_cache: str | None) -> dict:
+def worker_env(cold_cache: str | None, device: str = "cpu") -> dict:
     """One thread for torch, BLAS and XLA; ``cold_cache``: an empty compile-cache dir
-    (probtorch keeps Inductor's precompiled C++ header there too)."""
+    (probtorch keeps Inductor's precompiled C++ header there too, and on a GPU Triton its
+    kernels); ``device="cuda"``: JAX on the GPU, allocating as it goes (as torch does)
+    rather than taking most of the GPU's memory at start."""
     env = dict(os.environ)
     env.update(
         XLA_FLAGS=XLA_FLAGS,
@@ -104,9 +106,12 @@ def worker_env(cold_cache: str | None) -> dict:
         PYTHONWARNINGS="ignore",
         TF_CPP_MIN_LOG_LEVEL="2",
     )
+    if device != "cpu":
+        env.update(JAX_PLATFORMS=device, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     if cold_cache:
         env["TORCHINDUCTOR_CACHE_DIR"] = cold_cache
         env["PROBTORCH_CACHE_DIR"] = cold_cache  # the lean executor's AOTInductor builds
+        env["TRITON_CACHE_DIR"] = os.path.join(cold_cache, "triton")
     return env
 
 
@@ -115,7 +120,7 @@ def spawn(script: str, cfg: dict, cpu: str | None, timeout: float) -> dict:
     cache = None
     if cfg["lib"] == "probtorch" and not cfg.get("warm_cache"):
         cache = tempfile.mkdtemp(prefix="bench_inductor_")  # cold compile every time
-    env = worker_env(cache)
+    env = worker_env(cache, cfg.get("device", "cpu"))
     cmd = [sys.executable, str(Path(script).resolve()), "--worker", json.dumps(cfg)]
     if cpu is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", cpu] + cmd

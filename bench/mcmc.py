@@ -39,6 +39,7 @@ import itertools
 import json
 import math
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -58,6 +59,7 @@ ROOT = HERE.parent
 
 PROBTORCH_VARIANTS = (
     "vectorized",
+    "sequential",
     "vectorized-lean",
     "vectorized-auto-cached",
     "vectorized-split",
@@ -421,17 +423,20 @@ def run_probtorch(model, cfg):
     import_s = time.perf_counter() - t_import
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
+    device = cfg.get("device", "cpu")
+    if device != "cpu":  # the data, the models' constants and so the sampler on the GPU
+        torch.set_default_device(device)
 
     driver = importlib.import_module("probtorch.inference.mcmc.mcmc")
-    marks = {}
+    warmups = []  # (start, end, cpu at start, cpu at end): one per chain when sequential
     original = driver.run_warmup
 
     def timed_run_warmup(*args, **kwargs):
-        marks["warmup_start"] = (time.perf_counter(), _cpu())
+        start = (time.perf_counter(), _cpu())
         try:
             return original(*args, **kwargs)
         finally:
-            marks["warmup_end"] = (time.perf_counter(), _cpu())
+            warmups.append((start[0], time.perf_counter(), start[1], _cpu()))
 
     driver.run_warmup = timed_run_warmup
 
@@ -476,40 +481,51 @@ def run_probtorch(model, cfg):
     # "vectorized-split" / "vectorized-split-machine": executor="split", first model on the
     # machine / after another model built the sampler graph (MACHINE_PREBUILD);
     # "vectorized-auto-machine": the default executor="auto" after that build
-    executor = cfg["variant"].split("-")[1] if "-" in cfg["variant"] else "quick"
-    kw["executor"] = executor
+    # "sequential" / "sequential-<executor>": chain_method="sequential"
+    chain_method, _, executor = cfg["variant"].partition("-")
+    kw["executor"] = executor or "quick"
     mcmc = MCMC(
         NUTS(fn, **kw),
         num_warmup=cfg["num_warmup"],
         num_samples=cfg["num_samples"],
         num_chains=cfg["num_chains"],
+        chain_method=chain_method,
         seed=cfg.get("seed", 0),
         progress_bar=False,
     )
     t0, c0 = time.perf_counter(), _cpu()
     mcmc.run(*args, extra_fields=("num_steps",))
+    if device != "cpu":
+        torch.cuda.synchronize()
     t1, c1 = time.perf_counter(), _cpu()
-    w_end = marks.get("warmup_end", (t0, c0))  # no warmup (probe): sampling starts at t0
+    # Before sampling: the set-up up to the first warmup, and each warmup (one per chain with
+    # chain_method="sequential", whose chains sample between them); no warmup (probe):
+    # sampling starts at t0.
+    before = [(t0, warmups[0][0] if warmups else t0)] + [(s, e) for s, e, _, _ in warmups]
+    pre_s = sum(e - s for s, e in before)
+    pre_cpu = (warmups[0][2] - c0 if warmups else 0.0) + sum(b - a for _, _, a, b in warmups)
+    pre_compile = sum(_union_length(compiles, s, e) for s, e in before)
     samples = mcmc.get_samples(group_by_chain=True)
-    draws = {k: samples[k].numpy() for k in LATENT[model]}
+    draws = {k: samples[k].cpu().numpy() for k in LATENT[model]}
     num_steps = mcmc.get_extra_fields(group_by_chain=True)["num_steps"]
     diverging = mcmc.get_extra_fields(group_by_chain=True)["diverging"]
     return {
         "import_s": import_s,
         "total_s": t1 - t0,
         "total_cpu_s": c1 - c0,
-        "pre_sample_s": w_end[0] - t0,
-        "pre_sample_cpu_s": w_end[1] - c0,
-        "pre_sample_compile_s": _union_length(compiles, t0, w_end[0]),
-        "sample_s": t1 - w_end[0],
-        "sample_cpu_s": c1 - w_end[1],
-        "sample_compile_s": _union_length(compiles, w_end[0], t1),
+        "pre_sample_s": pre_s,
+        "pre_sample_cpu_s": pre_cpu,
+        "pre_sample_compile_s": pre_compile,
+        "sample_s": t1 - t0 - pre_s,
+        "sample_cpu_s": c1 - c0 - pre_cpu,
+        "sample_compile_s": _union_length(compiles, t0, t1) - pre_compile,
         "compile_events": len(compiles),
         "compile_cpu_s": sum(compile_cpu),
         "sample_grad_evals": int(num_steps.sum()),
         "divergences": int(diverging.sum()),
         "compiled": bool(mcmc.kernel.potential.compiled),
         "block_loop": type(getattr(mcmc.kernel, "_block_loop", None)).__name__,
+        "device": str(mcmc.kernel.potential.device),
     }, draws
 
 
@@ -554,7 +570,8 @@ def run_numpyro(model, cfg):
     # Synchronous dispatch (also set as JAX_CPU_ENABLE_ASYNC_DISPATCH by spawn): otherwise
     # the sequential chain method traces and compiles chain k+1 while chain k still runs
     # and compile intervals would hold execution. One jitted loop per run: no cost.
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    if cfg.get("device", "cpu") == "cpu":
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
 
     # JAX reports tracing, lowering and XLA compilation as durations: keep them as
     # intervals (nested traces overlap) to take compilation out of the sampling phase.
@@ -596,6 +613,7 @@ def run_numpyro(model, cfg):
         "sample_compile_s": _union_length(compiles, tw, t1),
         "sample_grad_evals": int(np.asarray(extra["num_steps"]).sum()),
         "divergences": int(np.asarray(extra["diverging"]).sum()),
+        "device": str(jax.devices()[0]),
     }, draws
 
 
@@ -722,7 +740,8 @@ def jobs_for(models, libs, args) -> list[dict]:
             if lib == "numpyro":
                 variants = list(args.numpyro_chain_methods)
             if lib == "probtorch":
-                variants = ["vectorized" if e == "quick" else f"vectorized-{e}"
+                variants = [m if e == "quick" else f"{m}-{e}"
+                            for m in args.probtorch_chain_methods
                             for e in args.probtorch_executors]  # fmt: skip
             if lib == "pyro" and args.pyro == "auto" and model in PYRO_AUTO:
                 chains, warmup, samples = PYRO_AUTO[model]
@@ -739,6 +758,7 @@ def jobs_for(models, libs, args) -> list[dict]:
                     "num_warmup": warmup,
                     "num_samples": samples,
                     "warm_cache": args.warm_cache,
+                    "device": args.device,
                 }
                 if variant == "vectorized-auto-cached":  # after a lean run of the same model
                     job["prebuild"] = dict(job, variant="vectorized-lean", num_warmup=0,
@@ -807,12 +827,15 @@ def run_bench(args) -> None:
     results = json.loads(out.read_text()) if out.exists() and not args.fresh else {}
     results.setdefault("runs", {})
     results["environment"] = environment()
+    if args.device != "cpu":
+        results["gpu"] = _gpu_info()
     results["settings"] = {
         "num_chains": args.num_chains,
         "num_warmup": args.num_warmup,
         "num_samples": args.num_samples,
         "pyro": args.pyro,
         "cpu": args.cpu,
+        "device": args.device,
         "warm_cache": args.warm_cache,
         # probtorch keeps Inductor's precompiled C++ header in TORCHINDUCTOR_CACHE_DIR
         # (compile.keep_headers_with_cache), where a cold run finds none; it compiles without
@@ -863,6 +886,20 @@ def run_bench(args) -> None:
         out.write_text(json.dumps(results, indent=1))
     if args.write_results:
         write_results(results, args)
+
+
+def _gpu_info() -> dict:
+    """The GPU's name and driver, from nvidia-smi (the orchestrating process imports no
+    torch)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        ).stdout.strip().splitlines()[0]  # fmt: skip
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return {}
+    name, driver, memory = (x.strip() for x in out.split(","))
+    return {"name": name, "driver": driver, "memory": memory}
 
 
 def _brief(r: dict) -> str:
@@ -932,13 +969,66 @@ def write_results(results: dict, args) -> None:
         ),
         "",
     ]
+    lines += _runs_table(runs)
+    lines += [
+        "",
+        "## Ratios (probtorch / other; > 1 means probtorch is better)",
+        "",
+        "NumPyro: its better chain method for each metric (vectorized or sequential). "
+        "Agreement: max over scalars of |mean(probtorch) − mean(other)| / sd(other), "
+        "a sanity check that both sample the same posterior (≲ 0.15 expected at these ESS).",
+        "",
+    ]
+    lines += _ratios_table(runs)
+    gpu = Path(args.gpu_results) if getattr(args, "gpu_results", None) else None
+    if gpu and gpu.exists():
+        lines += gpu_section(json.loads(gpu.read_text()))
+    notes = Path(args.notes) if args.notes else None
+    if notes and notes.exists():
+        lines += ["", notes.read_text().rstrip()]
+    text = "\n".join(lines) + "\n"
+    # keep the sections other benchmarks render into the same file (bench/svi.py's "## SVI")
+    old = path.read_text() if path.exists() else ""
+    if "\n## SVI" in old:
+        text += old[old.index("\n## SVI") :]
+    path.write_text(text)
+    print(f"wrote {path}")
+
+
+def gpu_section(results: dict) -> list[str]:
+    """RESULTS.md's section for ``bench/gpu_check.py``'s runs on a GPU."""
+    env, runs = results.get("environment", {}), results.get("runs", {})
+    for r in runs.values():
+        r["derived"] = derive(r)
+    gpu = results.get("gpu", {})
+    lines = [
+        "",
+        "## On a GPU (bench/gpu_check.py)",
+        "",
+        f"- Date: {env.get('date', '?')}; GPU: {gpu.get('name', '?')} (driver "
+        f"{gpu.get('driver', '?')}), host {env.get('cpu_model', '?')}, {env.get('nproc', '?')} "
+        "CPUs",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items() if v),
+        "- Each run in a fresh process, cold compile caches (Inductor's and Triton's), "
+        "float64, probtorch under `torch.set_default_device('cuda')`, NumPyro on JAX's GPU "
+        "backend; no Pyro.",
+        "",
+    ]
+    lines += _runs_table(runs)
+    lines += ["", "Ratios against NumPyro on the GPU (its better chain method per metric):", ""]
+    lines += _ratios_table(runs)
+    return lines
+
+
+def _runs_table(runs: dict) -> list[str]:
+    """One row per (model, library, variant): the derived figures."""
     header = (
         "| model | library | chains × (warmup+draws) | first draw s | compile s | warmup s | "
         "sample s | total s | grad/s | min bulk ESS | ESS/s (sample) | ESS/s (total) | "
         "imports s | ESS/s (imports + total) | ESS/CPU-s (sample) | div | load (1 min) | "
         "bench wall s |"
     )
-    lines += [header, "|" + "---|" * 18]
+    lines = [header, "|" + "---|" * 18]
     order = {m: i for i, m in enumerate(MODELS)}
     for key in sorted(runs, key=lambda k: (order.get(k.split("/")[0], 99), k)):
         r = runs[key]
@@ -968,14 +1058,12 @@ def write_results(results: dict, args) -> None:
             f"{_fmt(d.get('ess_per_s_to_result'), 2)} | {_fmt(d['ess_per_cpu_s_sample'])} | "
             f"{full.get('divergences', '–')} | {_fmt(load, 2)} | {wall:.0f} |"
         )
-    lines += [
-        "",
-        "## Ratios (probtorch / other; > 1 means probtorch is better)",
-        "",
-        "NumPyro: its better chain method for each metric (vectorized or sequential). "
-        "Agreement: max over scalars of |mean(probtorch) − mean(other)| / sd(other), "
-        "a sanity check that both sample the same posterior (≲ 0.15 expected at these ESS).",
-        "",
+    return lines
+
+
+def _ratios_table(runs: dict) -> list[str]:
+    """probtorch's runs against NumPyro's better chain method and the longest Pyro run."""
+    lines = [
         "| model | probtorch executor | vs | ESS/s (sample) | ESS/s (total) | "
         "ESS/s (imports + total) | grad/s | ESS/CPU-s | compile s (pt / other) | agreement |",
         "|" + "---|" * 10,
@@ -986,6 +1074,8 @@ def write_results(results: dict, args) -> None:
             continue
         p = pt["derived"]
         executor = variant.split("-", 1)[1] if "-" in variant else "quick"
+        if variant.startswith("sequential"):
+            executor = f"{executor}, chains sequential"
         others = []
         npy_s = _best_numpyro(runs, model, "ess_per_s_sample")
         npy_t = _best_numpyro(runs, model, "ess_per_s_total")
@@ -1012,16 +1102,7 @@ def write_results(results: dict, args) -> None:
                 f"{_fmt(p['compile_s'])} / {_fmt(od['compile_s'])} | "
                 f"{_fmt(_agreement(o, pt), 2)} |"
             )
-    notes = Path(args.notes) if args.notes else None
-    if notes and notes.exists():
-        lines += ["", notes.read_text().rstrip()]
-    text = "\n".join(lines) + "\n"
-    # keep the sections other benchmarks render into the same file (bench/svi.py's "## SVI")
-    old = path.read_text() if path.exists() else ""
-    if "\n## SVI" in old:
-        text += old[old.index("\n## SVI") :]
-    path.write_text(text)
-    print(f"wrote {path}")
+    return lines
 
 
 def main(argv=None) -> None:
@@ -1044,6 +1125,14 @@ def main(argv=None) -> None:
         "gradient compiled apart from the sampler graph; first model on the machine) and/or "
         "'split-machine' (the same after a run of another model built the sampler graph), "
         "'auto-machine' (the default executor='auto' after that build: it takes the split path)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--probtorch-chain-methods", nargs="+", default=["vectorized"],
+        choices=["vectorized", "sequential"], help="MCMC(chain_method=...) for probtorch",
+    )  # fmt: skip
+    ap.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"],
+        help="where probtorch and NumPyro sample (cuda: bench/gpu_check.py runs it)",
     )  # fmt: skip
     ap.add_argument(
         "--pyro", default="auto",
@@ -1077,6 +1166,10 @@ def main(argv=None) -> None:
         "with neither, only render)",
     )  # fmt: skip
     ap.add_argument("--results-md", default=str(HERE / "RESULTS.md"))
+    ap.add_argument(
+        "--gpu-results", default=str(HERE / "results_mcmc_gpu.json"),
+        help="bench/gpu_check.py's runs, rendered as a section of --results-md if present",
+    )  # fmt: skip
     ap.add_argument(
         "--notes", default=str(HERE / "results_notes.md"),
         help="markdown appended to --results-md (if the file exists)",

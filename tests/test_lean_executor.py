@@ -221,3 +221,23 @@ def test_lean_executor_falls_back_with_a_warning(model_and_data, monkeypatch, tm
         mcmc = _run(model, args, kwargs, "lean")
     assert type(mcmc.kernel._block_loop).__name__ == "InPlaceLoop"
     assert mcmc.get_samples()["mu"].shape == (120,)
+
+
+def test_auto_executor_builds_nothing_for_a_sampler_off_the_cpu(model_and_data, monkeypatch):
+    """The lean package's C++ loop and the split sampler graph are built and measured on
+    CPUs only: ``"auto"`` keeps a sampler on another device (CUDA) on the quick path. A
+    block on the meta device stands in for one on a GPU."""
+    model, args, kwargs = model_and_data
+    builds = []
+    monkeypatch.setattr(nuts_kernels, "TieredBuild", lambda *a, **k: builds.append("lean"))
+    monkeypatch.setattr(nuts_kernels, "build_lean_loop", lambda *a, **k: builds.append("lean"))
+    monkeypatch.setattr(sampler_build, "start", lambda *a: builds.append("split"))
+    kernel = NUTS(model, executor="auto")
+    kernel.setup(args, kwargs, num_chains=2, rng_seed=0)
+    quick_loop = kernel._block_loop
+    assert isinstance(quick_loop, InPlaceLoop)
+    block = type("Block", (), {"z": torch.zeros(2, 10, device="meta")})()
+    kernel._use_split(block, ())
+    kernel._use_lean(block, ())
+    assert builds == [] and kernel._block_loop is quick_loop
+    assert not kernel._split_pending and not kernel._lean_pending

@@ -289,12 +289,15 @@ def log_prob_between(
 
 
 def dtype_device(d: Distribution) -> tuple[torch.dtype, torch.device]:
-    """dtype and device of a distribution's parameters (from its mean, else its tensors)."""
+    """dtype and device of a distribution's parameters (from its mean, else its
+    parameters). The parameters are read by name from ``arg_constraints``: Dynamo before
+    torch 2.13 cannot trace ``vars(d).values()``."""
     try:
         mean = d.mean
     except NotImplementedError:
         mean = None
-    for t in [mean, *vars(d).values()]:
+    params = [getattr(d, name, None) for name in getattr(d, "arg_constraints", {})]
+    for t in [mean, *params]:
         if isinstance(t, torch.Tensor) and t.is_floating_point():
             return t.dtype, t.device
-    return torch.get_default_dtype(), torch.device("cpu")
+    return torch.get_default_dtype(), torch.get_default_device()

@@ -152,7 +152,9 @@ def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
 def _seeds(rng_seed: int, count: int) -> list[int]:
     """``rng_seed`` followed by ``count - 1`` seeds derived from it."""
     generator = torch.Generator().manual_seed(rng_seed)
-    return [rng_seed] + torch.randint(0, 2**62, (count - 1,), generator=generator).tolist()
+    # on the CPU generator's device whatever torch's default device is (a GPU, say)
+    draws = torch.randint(0, 2**62, (count - 1,), generator=generator, device="cpu")
+    return [rng_seed] + draws.tolist()
 
 
 def _run_traced_retrying(model, args, kwargs, seeds, substitute_fn) -> Trace:
@@ -485,7 +487,9 @@ def initialize_model(
         return potential, z0.clone()
 
     generator = torch.Generator().manual_seed(rng_seed)
-    seeds = torch.randint(0, 2**62, (num_chains, max_tries), generator=generator).tolist()
+    seeds = torch.randint(
+        0, 2**62, (num_chains, max_tries), generator=generator, device="cpu"
+    ).tolist()
     rows = []
     for chain in range(num_chains):
         z = None

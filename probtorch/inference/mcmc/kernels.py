@@ -475,6 +475,8 @@ class NUTS(_HamiltonianKernel):
         cached and otherwise starts a background build that :meth:`_poll_lean` picks up.
         """
         self._lean_pending = False
+        if self.executor == "auto" and block.z.device.type != "cpu":
+            return  # the lean package's C++ loop is measured on CPUs only: the quick path
         build = build_lean_loop if self.executor == "lean" else TieredBuild
         result = build(
             self._block_step,
