@@ -14,7 +14,12 @@ Example::
     ['mu', 'data', 'y']
 """
 
-from . import distributions, handlers, optim
+from . import (
+    _torch_compat,  # noqa: F401  (on torch < 2.13 it patches torch: see the module)
+    distributions,
+    handlers,
+    optim,
+)
 from . import nn as nn  # pt.nn; not in __all__, so `import *` does not shadow torch.nn
 from .params import ParamStore, get_param_store, param_scope
 from .primitives import (

@@ -1,0 +1,54 @@
+"""What probtorch changes in torch for the oldest torch it supports (2.11).
+
+``Distribution.expand`` makes its new instance with ``self.__new__(type(self))``. Dynamo in
+torch 2.11 cannot trace ``object.__new__`` reached through an instance, so any compiled
+model whose distributions are expanded (every ``plate``) broke the graph there; it traces
+the same call reached through the class. On torch 2.11-2.12 probtorch replaces torch's
+``Distribution._get_checked_instance`` with one that calls ``type(self).__new__`` — the same
+function, so the same instance — and leaves torch 2.13 and later untouched.
+
+Example::
+
+    >>> import torch
+    >>> from torch.distributions import Normal
+    >>> Normal(0.0, 1.0).expand([3]).batch_shape
+    torch.Size([3])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributions import Distribution
+
+__all__ = ["needs_expand_patch", "patch_distribution_expand"]
+
+
+def needs_expand_patch(version: str = torch.__version__) -> bool:
+    """Whether this torch's Dynamo needs :func:`patch_distribution_expand` (before 2.13).
+
+    >>> needs_expand_patch("2.11.0+cu130"), needs_expand_patch("2.13.0+cpu")
+    (True, False)
+    """
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return (major, minor) < (2, 13)
+
+
+def _get_checked_instance(self, cls, _instance=None):
+    if _instance is None and type(self).__init__ != cls.__init__:
+        raise NotImplementedError(
+            f"Subclass {self.__class__.__name__} of {cls.__name__} that defines a custom "
+            "__init__ method must also define a custom .expand() method."
+        )
+    if _instance is not None:
+        return _instance
+    new_cls = type(self)
+    return new_cls.__new__(new_cls)  # through the class: traceable by torch 2.11's Dynamo
+
+
+def patch_distribution_expand() -> None:
+    """Replace ``Distribution._get_checked_instance`` on torch before 2.13 (see above)."""
+    if needs_expand_patch():
+        Distribution._get_checked_instance = _get_checked_instance
+
+
+patch_distribution_expand()  # on import (probtorch/__init__.py imports this module)

@@ -1,0 +1,46 @@
+"""probtorch/_torch_compat.py: the patch of ``Distribution._get_checked_instance`` that lets
+torch 2.11's Dynamo trace ``expand`` makes the instance torch's own does, and is applied
+only before torch 2.13."""
+
+import pytest
+import torch
+from torch.distributions import Distribution, Normal
+
+from probtorch import _torch_compat
+from probtorch.inference.compile import count_compiles
+
+
+def test_the_patch_is_applied_only_before_torch_2_13():
+    assert _torch_compat.needs_expand_patch("2.11.0+cu130")
+    assert _torch_compat.needs_expand_patch("2.12.1")
+    assert not _torch_compat.needs_expand_patch("2.13.0+cpu")
+    assert not _torch_compat.needs_expand_patch("3.0.0")
+    patched = Distribution._get_checked_instance is _torch_compat._get_checked_instance
+    assert patched == _torch_compat.needs_expand_patch()
+
+
+def test_patched_expand_makes_the_instance_torch_makes(monkeypatch):
+    monkeypatch.setattr(Distribution, "_get_checked_instance", _torch_compat._get_checked_instance)
+    d = Normal(torch.tensor([0.5]), torch.tensor([2.0])).expand([3])
+    assert type(d) is Normal and d.batch_shape == (3,)
+    torch.testing.assert_close(
+        d.log_prob(torch.zeros(3)), Normal(0.5, 2.0).log_prob(torch.zeros(3))
+    )
+    given = Normal.__new__(Normal)
+    assert _torch_compat._get_checked_instance(d, Normal, given) is given
+
+    class Custom(Normal):
+        def __init__(self, loc):
+            super().__init__(loc, 1.0)
+
+    with pytest.raises(NotImplementedError, match="Custom of Normal.*custom .expand"):
+        Custom(torch.zeros(1)).expand([2])
+    # and Dynamo traces it without a graph break
+    compiled = torch.compile(
+        lambda x: Normal(x, 1.0).expand([2, 3]).log_prob(x).sum(), fullgraph=True
+    )
+    with count_compiles() as stats:
+        torch.testing.assert_close(
+            compiled(torch.zeros(3)), Normal(0.0, 1.0).log_prob(torch.zeros(2, 3)).sum()
+        )
+    assert stats.graph_breaks == 0
