@@ -388,6 +388,67 @@ def test_keyboard_interrupt_inside_nuts_keeps_the_draws_made_so_far():
         assert torch.equal(samples[name], reference[name][:, :kept]), name
 
 
+def test_keyboard_interrupt_inside_an_hmc_trajectory_keeps_the_draws_made_so_far():
+    """Ctrl-C inside an HMC trajectory ends the run: the transition it interrupted is not
+    made (its partial trajectory is no proposal), the draws before it are kept, and they
+    are an uninterrupted run's."""
+    counter = {"calls": 0, "interrupt_at": None}
+
+    def model(y):
+        counter["calls"] += 1
+        if counter["calls"] == counter["interrupt_at"]:
+            raise KeyboardInterrupt
+        vector_model(y)
+
+    y = _vector_data()
+    mcmc = _mcmc(model, kernel=HMC, num_steps=3, num_warmup=30, num_samples=40, seed=2)
+    mcmc.run(y)
+    warm = mcmc.last_state
+    mcmc.post_warmup_state = warm
+    counter["calls"] = 0
+    mcmc.run(y)
+    reference = mcmc.get_samples(group_by_chain=True)
+    mcmc.post_warmup_state = warm
+    counter["interrupt_at"], counter["calls"] = int(0.5 * counter["calls"]) + 1, 0
+    with pytest.warns(UserWarning, match="interrupted during sampling"):
+        mcmc.run(y)
+    assert mcmc.interrupted
+    samples = mcmc.get_samples(group_by_chain=True)
+    kept = samples["loc"].shape[1]
+    assert 0 < kept < 40
+    for name in reference:
+        assert torch.equal(samples[name], reference[name][:, :kept]), name
+
+
+def test_compiled_hmc_draws_what_eager_hmc_draws_without_recompiles():
+    """Compiled HMC runs its trajectory as an in-place graph (``InPlaceLoop``, as NUTS's
+    blocks): the same draws as ``compile=False`` (with a fixed step size: under adaptation
+    roundings grow from transition to transition, 1e-13 after ten), no graph breaks, and a
+    continued run compiles nothing."""
+    from probtorch.inference.compile import count_compiles
+    from probtorch.inference.mcmc.executor import InPlaceLoop
+
+    y = _vector_data()
+    runs = {}
+    for compiled in (False, True):
+        kernel = HMC(vector_model, num_steps=4, step_size=0.2, adapt_step_size=False,
+                     adapt_mass_matrix=False, compile=compiled)  # fmt: skip
+        mcmc = MCMC(kernel, num_warmup=0, num_samples=30, num_chains=3, seed=4,
+                    progress_bar=False)  # fmt: skip
+        with count_compiles() as first:
+            mcmc.run(y)
+        runs[compiled] = mcmc
+    assert isinstance(runs[True].kernel._loop, InPlaceLoop)
+    assert first.graph_breaks == 0
+    for name, value in runs[False].get_samples().items():
+        torch.testing.assert_close(runs[True].get_samples()[name], value, rtol=0, atol=1e-10)
+    compiled = runs[True]
+    compiled.post_warmup_state = compiled.last_state
+    with count_compiles() as later, torch.compiler.set_stance("fail_on_recompile"):
+        compiled.run(y)
+    assert later.graph_breaks == 0 and later.graphs == 0
+
+
 # -- argument checks --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kwargs",

@@ -746,9 +746,11 @@ class HMC(_HamiltonianKernel):
         def iteration(state, step_size, inverse_mass):
             return hmc_iteration(state, value_and_grad, step_size, inverse_mass)
 
-        self._loop = ChunkedLoop(
-            iteration, self.chunk_size, potential.compiled, options=codegen_options(potential)
-        )
+        options = codegen_options(potential)
+        if potential.compiled:  # the trajectory as an in-place graph, as NUTS's blocks
+            self._loop = InPlaceLoop(iteration, self.chunk_size, options=options)
+        else:
+            self._loop = ChunkedLoop(iteration, self.chunk_size, False, options=options)
 
     def _steps(self, step_size: torch.Tensor) -> torch.Tensor:
         if self.num_steps is not None:
@@ -771,6 +773,8 @@ class HMC(_HamiltonianKernel):
             self._steps(state.step_size),
         )
         traj = self._loop(traj, state.step_size, state.inverse_mass)
+        if self._loop.interrupted:  # Ctrl-C inside the trajectory: no transition, and
+            raise KeyboardInterrupt  # run_segment keeps the ones made before it
         energy = traj.pe + kinetic_energy(state.inverse_mass, traj.r)
         delta = energy - traj.energy0
         delta = torch.where(torch.isnan(delta), torch.full_like(delta, math.inf), delta)
