@@ -420,6 +420,25 @@ def test_keyboard_interrupt_inside_an_hmc_trajectory_keeps_the_draws_made_so_far
         assert torch.equal(samples[name], reference[name][:, :kept]), name
 
 
+@pytest.mark.parametrize("kernel", [NUTS, HMC])
+def test_keyboard_interrupt_inside_one_transition_reaches_the_caller(kernel):
+    """``kernel.sample(state)`` (one transition, outside MCMC) raises KeyboardInterrupt on
+    Ctrl-C inside its trajectory instead of returning a transition cut short."""
+    counter = {"calls": 0, "interrupt_at": None}
+
+    def model(y):
+        counter["calls"] += 1
+        if counter["calls"] == counter["interrupt_at"]:
+            raise KeyboardInterrupt
+        vector_model(y)
+
+    k = kernel(model, compile=False, step_size=0.05)
+    state = k.setup((_vector_data(),), {}, num_chains=2, rng_seed=0)
+    counter["interrupt_at"], counter["calls"] = 2, 0  # inside the trajectory
+    with pytest.raises(KeyboardInterrupt):
+        k.sample(state)
+
+
 def test_compiled_hmc_draws_what_eager_hmc_draws_without_recompiles():
     """Compiled HMC runs its trajectory as an in-place graph (``InPlaceLoop``, as NUTS's
     blocks): the same draws as ``compile=False`` (with a fixed step size: under adaptation

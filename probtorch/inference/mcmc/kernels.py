@@ -624,6 +624,8 @@ class NUTS(_HamiltonianKernel):
             self.max_tree_depth,
         )
         tree = self._loop(tree, rand, state.step_size, state.inverse_mass)
+        if self._loop.interrupted:  # Ctrl-C inside the tree: no transition
+            raise KeyboardInterrupt
         result = transition_result(tree)
         new_state = state._replace(
             z=result.z, potential_energy=result.potential_energy, grad=result.grad
