@@ -355,16 +355,24 @@ def test_keyboard_interrupt_during_warmup(monkeypatch):
     assert mcmc.post_warmup_state is None
 
 
-def test_keyboard_interrupt_inside_nuts_keeps_the_draws_made_so_far():
-    """Ctrl-C inside the model's evaluation (anywhere in a NUTS trajectory): the draws already
-    made are kept, and they are the draws an uninterrupted run makes."""
+def _interrupting(model):
+    """``model`` that raises KeyboardInterrupt (as Ctrl-C would) on its call number
+    ``counter["interrupt_at"]``; ``counter["calls"]`` counts its calls."""
     counter = {"calls": 0, "interrupt_at": None}
 
-    def model(y):
+    def interrupting(*args, **kwargs):
         counter["calls"] += 1
         if counter["calls"] == counter["interrupt_at"]:
             raise KeyboardInterrupt
-        vector_model(y)
+        model(*args, **kwargs)
+
+    return interrupting, counter
+
+
+def test_keyboard_interrupt_inside_nuts_keeps_the_draws_made_so_far():
+    """Ctrl-C inside the model's evaluation (anywhere in a NUTS trajectory): the draws already
+    made are kept, and they are the draws an uninterrupted run makes."""
+    model, counter = _interrupting(vector_model)
 
     y = _vector_data()
     mcmc = _mcmc(model, num_warmup=60, num_samples=96, block_size=16, seed=2)
@@ -392,13 +400,7 @@ def test_keyboard_interrupt_inside_an_hmc_trajectory_keeps_the_draws_made_so_far
     """Ctrl-C inside an HMC trajectory ends the run: the transition it interrupted is not
     made (its partial trajectory is no proposal), the draws before it are kept, and they
     are an uninterrupted run's."""
-    counter = {"calls": 0, "interrupt_at": None}
-
-    def model(y):
-        counter["calls"] += 1
-        if counter["calls"] == counter["interrupt_at"]:
-            raise KeyboardInterrupt
-        vector_model(y)
+    model, counter = _interrupting(vector_model)
 
     y = _vector_data()
     mcmc = _mcmc(model, kernel=HMC, num_steps=3, num_warmup=30, num_samples=40, seed=2)
@@ -424,17 +426,11 @@ def test_keyboard_interrupt_inside_an_hmc_trajectory_keeps_the_draws_made_so_far
 def test_keyboard_interrupt_inside_one_transition_reaches_the_caller(kernel):
     """``kernel.sample(state)`` (one transition, outside MCMC) raises KeyboardInterrupt on
     Ctrl-C inside its trajectory instead of returning a transition cut short."""
-    counter = {"calls": 0, "interrupt_at": None}
-
-    def model(y):
-        counter["calls"] += 1
-        if counter["calls"] == counter["interrupt_at"]:
-            raise KeyboardInterrupt
-        vector_model(y)
+    model, counter = _interrupting(vector_model)
 
     k = kernel(model, compile=False, step_size=0.05)
     state = k.setup((_vector_data(),), {}, num_chains=2, rng_seed=0)
-    counter["interrupt_at"], counter["calls"] = 2, 0  # inside the trajectory
+    counter["interrupt_at"], counter["calls"] = 1, 0  # the trajectory's first leapfrog step
     with pytest.raises(KeyboardInterrupt):
         k.sample(state)
 
