@@ -2,16 +2,17 @@
 
 A chunk is ``chunk_size`` unrolled iterations of the state machine.
 
-- :class:`InPlaceLoop` (the quick path for NUTS): the chunk is captured once with
-  ``make_fx`` as a graph that updates the state *in place* and writes the all-done flag
-  into a one-element buffer (:func:`trace_in_place`), compiled by Inductor in this process
-  (``torch._inductor.standalone_compile``), and called from a Python loop with the same
-  buffers every time, through Inductor's generated code directly (:mod:`..generated_call`).
-  No Dynamo guards, no AOT autograd wrappers, no new state tensors per call.
+- :class:`InPlaceLoop` (the quick path for NUTS, and compiled HMC's trajectories): the
+  chunk is captured once with ``make_fx`` as a graph that updates the state *in place* and
+  writes the all-done flag into a one-element buffer (:func:`trace_in_place`), compiled by
+  Inductor in this process (``torch._inductor.standalone_compile``), and called from a
+  Python loop with the same buffers every time, through Inductor's generated code directly
+  (:mod:`..generated_call`). No Dynamo guards, no AOT autograd wrappers, no new state
+  tensors per call.
 - :class:`ChunkedLoop`: the chunk under ``torch.compile`` (``fullgraph=True``), fed its
-  own outputs. HMC uses it, NUTS's single transitions use it, and :class:`InPlaceLoop`
-  falls back to it where the chunk cannot be captured. With ``compile=False`` it runs the
-  same chunk eagerly, with the same results.
+  own outputs. NUTS's single transitions (``NUTS.sample``) use it, and
+  :class:`InPlaceLoop` falls back to it where the chunk cannot be captured. With
+  ``compile=False`` it runs the same chunk eagerly, with the same results.
 - The lean executor (:mod:`.lean`) compiles the in-place graph with AOTInductor and drives
   it from C++.
 """
