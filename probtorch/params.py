@@ -25,7 +25,7 @@ class ParamStore:
 
         >>> store = ParamStore()
         >>> v = store.setdefault("s", torch.tensor(3.0), constraints.positive)
-        >>> float(v), float(store.unconstrained("s").exp())
+        >>> float(v.detach()), float(store.unconstrained("s").detach().exp())
         (3.0, 3.0)
     """
 

@@ -125,7 +125,7 @@ def param(
         >>> from torch.distributions import constraints
         >>> pt.get_param_store().clear()
         >>> scale = pt.param("scale", torch.tensor(2.0), constraint=constraints.positive)
-        >>> float(scale)
+        >>> float(scale.detach())
         2.0
     """
     if init_value is not None and not isinstance(init_value, torch.Tensor) and not callable(
