@@ -15,7 +15,8 @@ Checks (sampling with ``torch.set_default_device(device)``, as a user would on a
   executor (which stays on the quick path off the CPU): posterior mean within 4 Monte Carlo
   standard errors of the exact one, sd within 10 %, R-hat < 1.01, no divergences;
 - ``hmc``: the same posterior with compiled HMC;
-- ``svi``: a compiled SVI step (AutoNormal) on the same model finds the exact posterior mean.
+- ``svi``: a compiled SVI step (AutoNormal) on the same model puts the guide within one
+  posterior sd of the exact posterior mean.
 
 Usage, on the device machine (bench/README.md, "GPU check", has the whole command)::
 
