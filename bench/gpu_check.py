@@ -20,7 +20,7 @@ Checks (sampling with ``torch.set_default_device(device)``, as a user would on a
 
 Usage, on the device machine (bench/README.md, "GPU check", has the whole command)::
 
-    python3 bench/gpu_check.py --out "$OUT" --budget 420
+    python3 bench/gpu_check.py --out "$OUT" --budget 360
 
 and on a CPU, as a dry run of the same steps with short runs::
 
@@ -310,7 +310,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_out")))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds for the whole script")
+    ap.add_argument("--budget", type=float, default=360.0, help="seconds for the whole script")
     ap.add_argument("--quick", action="store_true", help="short runs (a dry run on a CPU)")
     ap.add_argument("--no-bench", dest="bench", action="store_false")
     args = ap.parse_args(argv)
