@@ -15,7 +15,7 @@ Checks (sampling with ``torch.set_default_device(device)``, as a user would on a
   executor (which stays on the quick path off the CPU): posterior mean within 4 Monte Carlo
   standard errors of the exact one, sd within 10 %, R-hat < 1.01, no divergences;
 - ``hmc``: the same posterior with compiled HMC;
-- ``svi``: a compiled SVI step (AutoNormal) on the same model puts the guide within one
+- ``svi``: a compiled SVI step (AutoNormal) on the same model puts the guide within half a
   posterior sd of the exact posterior mean.
 
 Usage, on the device machine (bench/README.md, "GPU check", has the whole command)::
@@ -254,7 +254,7 @@ def check_closed_form(device: str, dtype_name: str, kernel_name: str, sizes) -> 
     return result
 
 
-def check_svi(device: str, steps: int) -> dict:
+def check_svi(device: str) -> dict:
     import torch
 
     import probtorch as pt
@@ -264,14 +264,14 @@ def check_svi(device: str, steps: int) -> dict:
     _on(device, torch.float64)
     model, y, exact_mean, exact_sd = _known_noise()
     guide = AutoNormal(model)
-    svi = SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), seed=0)
+    # lr 0.01: over seeds 0-4 on a CPU, 1000 steps left the guide's location within 0.19
+    # posterior sd of the exact mean (lr 0.05: up to 0.49; 500 steps at 0.01: up to 0.89)
+    svi = SVI(model, guide, pt.optim.Adam(lr=0.01), Trace_ELBO(), seed=0)
     start = time.perf_counter()
-    result = svi.run(steps, y, progress_bar=False)
+    result = svi.run(1000, y, progress_bar=False)
     mean = float(guide.median(result.params)["mu"])
     return {
-        # one particle at lr 0.05 leaves the guide's location moving by about 0.1 (here
-        # 1.33-1.51 against 1.42 over two runs): within one posterior sd
-        "ok": bool(abs(mean - exact_mean) < exact_sd and svi.compiled),
+        "ok": bool(abs(mean - exact_mean) < 0.5 * exact_sd and svi.compiled),
         "mean": mean, "exact_mean": exact_mean, "exact_sd": exact_sd,
         "final_loss": float(result.losses[-1]), "run_s": round(time.perf_counter() - start, 2),
     }  # fmt: skip
@@ -302,7 +302,8 @@ def run_bench(report: Report, args, deadline: float) -> None:
             print(proc.stderr[-3000:], flush=True)
         done.append({"job": f"{model}/{lib}/{method}", "rc": proc.returncode,
                      "seconds": round(time.perf_counter() - start, 1)})  # fmt: skip
-        report.add("bench", {"jobs": done, "skipped_for_budget": skipped, "results": out.name})
+        report.data["checks"]["bench"] = {"jobs": done, "results": out.name}
+        report.save()  # after every job; printed once at the end
     report.add("bench", {"jobs": done, "skipped_for_budget": skipped, "results": out.name})
 
 
@@ -330,7 +331,7 @@ def main(argv=None) -> None:
                   "nuts", sizes)  # fmt: skip
     run_check(report, "closed_form_hmc_float64", check_closed_form, args.device, "float64",
               "hmc", sizes)  # fmt: skip
-    run_check(report, "svi_float64", check_svi, args.device, 300 if args.quick else 1000)
+    run_check(report, "svi_float64", check_svi, args.device)
     torch.set_default_device("cpu")
     if args.bench:
         run_bench(report, args, deadline)

@@ -1068,7 +1068,10 @@ def _ratios_table(runs: dict) -> list[str]:
         "ESS/s (imports + total) | grad/s | ESS/CPU-s | compile s (pt / other) | agreement |",
         "|" + "---|" * 10,
     ]
-    for model, variant in itertools.product(MODELS, PROBTORCH_VARIANTS):
+    # the known variants in their order, then any other in the runs ("sequential-lean", ...)
+    ran = {k.split("/")[2] for k in runs if k.split("/")[1] == "probtorch"}
+    variants = [v for v in PROBTORCH_VARIANTS if v in ran] + sorted(ran - {*PROBTORCH_VARIANTS})
+    for model, variant in itertools.product(MODELS, variants):
         pt = runs.get(f"{model}/probtorch/{variant}")
         if not pt or not pt.get("derived"):
             continue

@@ -41,16 +41,16 @@ def needs_expand_patch(version: str = torch.__version__) -> bool:
     return (major, minor) < (2, 13)
 
 
+_torch_get_checked_instance = Distribution._get_checked_instance
+
+
 def _get_checked_instance(self, cls, _instance=None):
-    if _instance is None and type(self).__init__ != cls.__init__:
-        raise NotImplementedError(
-            f"Subclass {self.__class__.__name__} of {cls.__name__} that defines a custom "
-            "__init__ method must also define a custom .expand() method."
-        )
-    if _instance is not None:
-        return _instance
-    new_cls = type(self)
-    return new_cls.__new__(new_cls)  # through the class: traceable by torch 2.11's Dynamo
+    """torch's, but a new instance is made through the class: traceable by torch 2.11's
+    Dynamo. A given instance and the missing-``expand`` error are left to torch's."""
+    if _instance is None and type(self).__init__ == cls.__init__:
+        new_cls = type(self)
+        return new_cls.__new__(new_cls)
+    return _torch_get_checked_instance(self, cls, _instance)
 
 
 def patch_distribution_expand() -> None:
