@@ -27,7 +27,7 @@ from .compile import compile_enabled, compile_fn
 from .init_strategies import init_to_uniform
 from .safe_linalg import nan_on_failure
 
-__all__ = ["LatentSite", "Potential", "initialize_model", "InitializationError"]
+__all__ = ["LatentSite", "Potential", "initialize_model", "pack_init_params", "InitializationError"]
 
 
 class InitializationError(RuntimeError):
@@ -479,12 +479,9 @@ def initialize_model(
     """
     potential = Potential(model, model_args, model_kwargs, compile=compile, rng_seed=rng_seed)
     if init_params is not None:
-        z0 = potential.pack(init_params)
-        z0 = z0.expand(num_chains, potential.dim) if z0.dim() == 1 else z0
-        if z0.shape[0] != num_chains:
-            raise ValueError(f"init_params have {z0.shape[0]} chains, but num_chains={num_chains}")
-        _check_finite(potential, z0.clone(), "init_params")
-        return potential, z0.clone()
+        z0 = pack_init_params(potential, init_params, num_chains)
+        _check_finite(potential, z0, "init_params")
+        return potential, z0
 
     generator = torch.Generator().manual_seed(rng_seed)
     seeds = torch.randint(
@@ -524,6 +521,65 @@ def initialize_model(
             )
         rows.append(z)
     return potential, torch.stack(rows)
+
+
+def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -> torch.Tensor:
+    """Initial points ``(num_chains, dim)`` from constrained values per latent site.
+
+    Each value has the site's shape (every chain starts there) or one more leading
+    dimension of ``num_chains`` (one start per chain). Every latent site needs a value;
+    a name that is no latent site, a shape that fits neither form or a value outside the
+    site's support is an error naming the site.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("scale", dist.HalfNormal(1.0))
+        >>> potential = Potential(model, compile=False)
+        >>> pack_init_params(potential, {"scale": torch.tensor([1.0, 2.0])}, 2).exp()
+        tensor([[1.],
+                [2.]])
+    """
+    if not isinstance(init_params, dict):
+        raise TypeError(
+            f"init_params must be a dict of constrained values by site name, got "
+            f"{type(init_params).__name__}"
+        )
+    unknown = sorted(set(init_params) - set(potential.site_names))
+    if unknown:
+        raise ValueError(
+            f"init_params has {unknown}, which are not latent sites of this model; its latent "
+            f"sites are {potential.site_names}"
+        )
+    missing = [name for name in potential.site_names if name not in init_params]
+    if missing:
+        raise ValueError(
+            f"init_params has no value for latent site(s) {missing}: give every latent site, "
+            f"or start some with init_strategy=init_to_value(values=...) on the kernel"
+        )
+    rows = []
+    for s in potential.sites:
+        value = torch.as_tensor(init_params[s.name], dtype=potential.dtype, device=potential.device)
+        if value.shape == s.shape:
+            value = value.expand((num_chains,) + s.shape)
+        elif value.shape != (num_chains,) + s.shape:
+            raise ValueError(
+                f"init_params[{s.name!r}] has shape {tuple(value.shape)}; site {s.name!r} has "
+                f"shape {tuple(s.shape)}, so give {tuple(s.shape)} (every chain) or "
+                f"{(num_chains,) + tuple(s.shape)} (one per chain, num_chains={num_chains})"
+            )
+        support = potential.prototype_trace[s.name].fn.support
+        inside = support.check(value)
+        if not bool(inside.all()):
+            fn = potential.prototype_trace[s.name].fn
+            raise ValueError(
+                f"init_params[{s.name!r}] lies outside the support of site {s.name!r} "
+                f"({type(fn).__name__}, support {support}) at "
+                f"{int((~inside).sum())} of {inside.numel()} positions"
+            )
+        rows.append(biject_to(support).inv(value).reshape(num_chains, s.size))
+    return torch.cat(rows, dim=-1).detach().clone()
 
 
 def _pack_trace(potential: Potential, tr: Trace) -> torch.Tensor:

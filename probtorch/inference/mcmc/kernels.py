@@ -19,6 +19,7 @@ import torch
 from ...validation import torch_validation
 from ..init_strategies import init_to_uniform
 from ..potential import Potential, initialize_model
+from ..potential_fn import model_from_potential_fn
 from ..potential_hole import hole_value_and_grad
 from . import sampler_build
 from .adaptation import (
@@ -153,8 +154,9 @@ class _HamiltonianKernel:
 
     def __init__(
         self,
-        model: Callable,
+        model: Callable | None = None,
         *,
+        potential_fn: Callable | None = None,
         step_size: float = 1.0,
         adapt_step_size: bool = True,
         adapt_mass_matrix: bool = True,
@@ -166,13 +168,20 @@ class _HamiltonianKernel:
         compile: bool | None = None,
         chunk_size: int = 1,
     ):
-        if not callable(model):
-            raise TypeError(f"{type(self).__name__} needs a model function, got {model!r}")
+        if (model is None) == (potential_fn is None):
+            raise TypeError(
+                f"{type(self).__name__} needs a model function or a potential_fn (not both), "
+                f"got model={model!r}, potential_fn={potential_fn!r}"
+            )
+        given, what = (model, "model") if potential_fn is None else (potential_fn, "potential_fn")
+        if not callable(given):
+            raise TypeError(f"{type(self).__name__}: {what} must be callable, got {given!r}")
         if not step_size > 0:
             raise ValueError(f"step_size must be positive, got {step_size}")
         if not 0 < target_accept_prob < 1:
             raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob}")
         self.model = model
+        self.potential_fn = potential_fn
         self.step_size = float(step_size)
         self.adapt_step_size = adapt_step_size
         self.adapt_mass_matrix = adapt_mass_matrix
@@ -194,8 +203,13 @@ class _HamiltonianKernel:
         rng_seed: int,
         init_params: dict | None = None,
     ) -> SamplerState:
+        model = self.model
+        if self.potential_fn is not None:
+            model = model_from_potential_fn(
+                self.potential_fn, init_params, num_chains, model_args, model_kwargs
+            )
         potential, z0 = initialize_model(
-            self.model,
+            model,
             model_args,
             model_kwargs,
             num_chains=num_chains,
@@ -315,6 +329,12 @@ class NUTS(_HamiltonianKernel):
 
     Args:
         model: the model function.
+        potential_fn: instead of a model, as in NumPyro and Pyro: ``potential_fn(values)``
+            returns the potential energy (negative log density up to a constant) of one
+            point, ``values`` a dict of unconstrained (real) tensors by name. The run then
+            needs ``init_params`` of those names and shapes, with a leading chain dimension
+            when ``num_chains > 1``, and takes no model arguments
+            (:mod:`probtorch.inference.potential_fn`).
         step_size: initial step size (adapted during warmup unless ``adapt_step_size=False``).
         adapt_step_size: dual-averaging step-size adaptation during warmup.
         adapt_mass_matrix: windowed mass-matrix adaptation during warmup.
@@ -372,7 +392,7 @@ class NUTS(_HamiltonianKernel):
 
     def __init__(
         self,
-        model: Callable,
+        model: Callable | None = None,
         *,
         max_tree_depth: int = 10,
         max_delta_energy: float = 1000.0,
@@ -724,7 +744,7 @@ class HMC(_HamiltonianKernel):
 
     def __init__(
         self,
-        model: Callable,
+        model: Callable | None = None,
         *,
         num_steps: int | None = None,
         trajectory_length: float | None = None,

@@ -1,0 +1,174 @@
+"""Kernels from a potential function (``NUTS(potential_fn=...)``), and init_params' checks."""
+
+import arviz as az
+import pytest
+import torch
+from torch.distributions import constraints
+
+import probtorch as pt
+import probtorch.distributions as dist
+from probtorch.inference import HMC, MCMC, NUTS
+from probtorch.inference.compile import count_compiles
+
+# a correlated 2-d Gaussian (float64) beside an independent scalar: N(1, 0.5^2)
+PRECISION = torch.tensor([[2.0, 0.9], [0.9, 1.0]], dtype=torch.float64)
+COVARIANCE = torch.linalg.inv(PRECISION)
+
+
+def energy(values):
+    x, s = values["x"], values["s"]
+    return 0.5 * x @ PRECISION @ x + 2.0 * (s - 1.0) ** 2
+
+
+def same_model():
+    """The model ``energy`` describes, written with improper flat sites and a factor."""
+    x = pt.sample("x", dist.ImproperUniform(constraints.real, (), (2,)))
+    s = pt.sample("s", dist.ImproperUniform(constraints.real, (), ()))
+    pt.factor("potential_fn", -energy({"x": x, "s": s}))
+
+
+def _init(num_chains):
+    g = torch.Generator().manual_seed(1)
+    return {
+        "x": torch.randn(num_chains, 2, generator=g, dtype=torch.float64),
+        "s": torch.randn(num_chains, generator=g, dtype=torch.float64),
+    }
+
+
+def _mcmc(kernel, **kwargs):
+    kwargs = {"num_warmup": 300, "num_samples": 600, "num_chains": 4, "seed": 0} | kwargs
+    return MCMC(kernel, progress_bar=False, **kwargs)
+
+
+def test_potential_fn_posterior_matches_closed_form():
+    """Means within 4 MCSE, sds within 10%, the correlation, R-hat, no divergences; the
+    draws keep init_params' dtype (float64) under torch's float32 default."""
+    mcmc = _mcmc(NUTS(potential_fn=energy, dense_mass=True, compile=False),
+                 num_warmup=400, num_samples=800)  # fmt: skip
+    mcmc.run(init_params=_init(4))
+    samples = mcmc.get_samples()
+    assert samples["x"].dtype == torch.float64 and samples["x"].shape == (3200, 2)
+    assert samples["s"].shape == (3200,)
+    idata = mcmc.to_inference_data()
+    mcse = az.mcse(idata)
+    rhat = az.rhat(idata)
+    exact = {"x": (torch.zeros(2), COVARIANCE.diagonal().sqrt()), "s": (torch.ones(()), 0.5)}
+    for name, (mean, sd) in exact.items():
+        got = samples[name]
+        assert ((got.mean(0) - mean).abs() < 4 * torch.as_tensor(mcse[name].values)).all()
+        assert ((got.std(0) / sd - 1).abs() < 0.10).all()
+        assert float(rhat[name].max()) < 1.01
+    correlation = torch.corrcoef(samples["x"].T)[0, 1]
+    exact_correlation = COVARIANCE[0, 1] / COVARIANCE.diagonal().prod().sqrt()
+    assert abs(float(correlation - exact_correlation)) < 0.05
+    assert int(mcmc.get_extra_fields()["diverging"].sum()) == 0
+    assert "observed_data" not in idata.groups()  # the factor is no observation
+
+
+@pytest.mark.parametrize("kernel", [NUTS, HMC])
+def test_potential_fn_draws_what_the_same_model_draws(kernel, float64):
+    """The same seed and starts give the same draws as the model it stands for."""
+    options = {"num_steps": 3} if kernel is HMC else {}
+    runs = []
+    for how in ({"potential_fn": energy}, {"model": same_model}):
+        mcmc = _mcmc(kernel(compile=False, **how, **options), num_warmup=50, num_samples=50,
+                     num_chains=2)  # fmt: skip
+        mcmc.run(init_params=_init(2))
+        runs.append(mcmc.get_samples())
+    for name in ("x", "s"):
+        torch.testing.assert_close(runs[0][name], runs[1][name], rtol=0, atol=0)
+
+
+def test_potential_fn_one_chain_takes_unbatched_starts(float64):
+    kernel = NUTS(potential_fn=energy, compile=False, step_size=1e-7, adapt_step_size=False,
+                  max_tree_depth=1)  # fmt: skip
+    mcmc = _mcmc(kernel, num_warmup=0, num_samples=1, num_chains=1)
+    start = {"x": torch.tensor([0.5, -0.5]), "s": torch.tensor(2.0)}
+    mcmc.run(init_params=start)
+    samples = mcmc.get_samples()
+    torch.testing.assert_close(samples["x"][0], start["x"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(samples["s"][0], start["s"], rtol=0, atol=1e-5)
+
+
+def test_compiled_potential_fn_draws_what_eager_draws_without_recompiles(float64):
+    """Compiled (the NUTS block graph over the potential function) against eager with a
+    fixed step size; no graph breaks, and a continued run compiles nothing."""
+    runs = {}
+    for compiled in (False, True):
+        kernel = NUTS(potential_fn=energy, step_size=0.3, adapt_step_size=False,
+                      adapt_mass_matrix=False, compile=compiled, executor="quick")  # fmt: skip
+        mcmc = _mcmc(kernel, num_warmup=0, num_samples=20, num_chains=2)
+        with count_compiles() as first:
+            mcmc.run(init_params=_init(2))
+        runs[compiled] = mcmc
+    assert first.graph_breaks == 0
+    for name, value in runs[False].get_samples().items():
+        torch.testing.assert_close(runs[True].get_samples()[name], value, rtol=0, atol=1e-10)
+    compiled = runs[True]
+    compiled.post_warmup_state = compiled.last_state
+    with count_compiles() as later, torch.compiler.set_stance("fail_on_recompile"):
+        compiled.run()
+    assert later.graph_breaks == 0 and later.graphs == 0
+
+
+# -- errors ----------------------------------------------------------------------------------
+def _run(kernel, init_params=None, num_chains=2, *args, **kwargs):
+    _mcmc(kernel, num_warmup=2, num_samples=2, num_chains=num_chains).run(
+        *args, init_params=init_params, **kwargs
+    )
+
+
+def test_kernel_needs_exactly_one_of_model_and_potential_fn():
+    with pytest.raises(TypeError, match="needs a model function or a potential_fn"):
+        NUTS()
+    with pytest.raises(TypeError, match="not both"):
+        HMC(same_model, potential_fn=energy)
+    with pytest.raises(TypeError, match="potential_fn must be callable, got 3"):
+        NUTS(potential_fn=3)
+    with pytest.raises(TypeError, match="model must be callable"):
+        HMC("model")
+
+
+@pytest.mark.parametrize(
+    ("init_params", "args", "error", "match"),
+    [
+        (None, (), ValueError, "needs init_params"),
+        ({"x": torch.zeros(3), "s": torch.zeros(2)}, (), ValueError,
+         r"num_chains=2, init_params\['x'\] needs a leading chain dimension of 2.*shape \(3,\)"),
+        ({"x": torch.zeros(2, 2), "s": torch.zeros(())}, (), ValueError,
+         r"init_params\['s'\] needs a leading chain dimension.*shape \(\)"),
+        ("x", (), TypeError, "must be a non-empty dict"),
+        ({"x": torch.zeros(2, 2), "s": torch.zeros(2)}, (torch.ones(3),), TypeError,
+         "takes no model arguments.*1 positional"),
+    ],
+)  # fmt: skip
+def test_potential_fn_run_errors(init_params, args, error, match):
+    with pytest.raises(error, match=match):
+        _run(NUTS(potential_fn=energy, compile=False), init_params, 2, *args)
+
+
+def test_potential_fn_must_return_a_scalar():
+    with pytest.raises(ValueError, match=r"must return a scalar tensor.*got \(2,\)"):
+        _run(NUTS(potential_fn=lambda v: v["x"] ** 2, compile=False), {"x": torch.zeros(2, 2)})
+
+
+@pytest.mark.parametrize(
+    ("init_params", "match"),
+    [
+        ({"loc": torch.zeros(4), "scale": torch.tensor(1.0)},
+         r"init_params\['loc'\] has shape \(4,\); site 'loc' has shape \(3,\), so give \(3,\) "
+         r"\(every chain\) or \(2, 3\)"),
+        ({"loc": torch.zeros(3)}, r"no value for latent site\(s\) \['scale'\]"),
+        ({"loc": torch.zeros(3), "scale": 1.0, "scael": 1.0},
+         r"init_params has \['scael'\], which are not latent sites.*\['loc', 'scale'\]"),
+        ({"loc": torch.zeros(3), "scale": torch.tensor([1.0, -1.0])},
+         r"init_params\['scale'\] lies outside the support of site 'scale' \(HalfNormal"),
+    ],
+)  # fmt: skip
+def test_model_init_params_errors_name_the_site(init_params, match):
+    def model():
+        pt.sample("loc", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+        pt.sample("scale", dist.HalfNormal(1.0))
+
+    with pytest.raises(ValueError, match=match):
+        _run(NUTS(model, compile=False), init_params)
