@@ -275,18 +275,19 @@ def test_log_likelihood_matches_scipy():
 
 
 # -- continuing, initial values, interrupts -------------------------------------------------------
-def _count_calls(monkeypatch, kernel, raise_at=None):
-    """Wrap ``kernel.sample``: count calls, and raise KeyboardInterrupt on call ``raise_at``."""
+def _segments(monkeypatch, kernel, on_call=None):
+    """Wrap ``kernel.run_segment``: record each call's ``(num_transitions,
+    adapt_step_size)``, and call ``on_call(calls)`` before each."""
     calls = []
-    original = kernel.sample
+    original = kernel.run_segment
 
-    def sample(state):
-        calls.append(1)
-        if raise_at is not None and len(calls) == raise_at:
-            raise KeyboardInterrupt
-        return original(state)
+    def run_segment(state, adapt, num_transitions, adapt_step_size=False, **kwargs):
+        calls.append((num_transitions, adapt_step_size))
+        if on_call is not None:
+            on_call(calls)
+        return original(state, adapt, num_transitions, adapt_step_size, **kwargs)
 
-    monkeypatch.setattr(kernel, "sample", sample)
+    monkeypatch.setattr(kernel, "run_segment", run_segment)
     return calls
 
 
@@ -298,11 +299,10 @@ def test_continue_from_last_state_skips_warmup(kernel, options, monkeypatch):
     first = mcmc.last_state
     potential = mcmc.kernel.potential
     adapted_step = first.step_size.clone()
-    calls = _count_calls(monkeypatch, mcmc.kernel) if kernel is HMC else None
+    calls = _segments(monkeypatch, mcmc.kernel)
     mcmc.post_warmup_state = mcmc.last_state
     mcmc.run(y, extra_fields=("step_size",))
-    if calls is not None:
-        assert len(calls) == 30  # HMC runs one sample() per transition: no warmup ones
+    assert calls == [(30, False)]  # the sampling phase only: no warmup segments
     assert mcmc.kernel.potential is potential  # the kernel was not set up again
     # a new warmup would have re-run the step-size heuristic and dual averaging
     step = mcmc.get_extra_fields(group_by_chain=True)["step_size"]
@@ -332,29 +332,6 @@ def test_init_params_honored():
     torch.testing.assert_close(samples["scale"][:, 0], per_chain["scale"], rtol=0, atol=1e-4)
 
 
-def test_keyboard_interrupt_during_sampling_keeps_draws(monkeypatch):
-    mcmc = _mcmc(kernel=HMC, num_steps=3, num_warmup=20, num_samples=50)
-    calls = _count_calls(monkeypatch, mcmc.kernel, raise_at=20 + 11)
-    with pytest.warns(UserWarning, match="interrupted during sampling.* 10 draws"):
-        mcmc.run(_vector_data(), extra_fields=("accept_prob",))
-    assert len(calls) == 31
-    assert mcmc.interrupted
-    samples = mcmc.get_samples(group_by_chain=True)
-    assert samples["loc"].shape == (2, 10, 3) and samples["scale"].shape == (2, 10)
-    assert mcmc.get_extra_fields(group_by_chain=True)["accept_prob"].shape == (2, 10)
-    assert torch.isfinite(samples["loc"]).all()
-
-
-def test_keyboard_interrupt_during_warmup(monkeypatch):
-    mcmc = _mcmc(kernel=HMC, num_steps=3, num_warmup=20, num_samples=50)
-    _count_calls(monkeypatch, mcmc.kernel, raise_at=5)
-    with pytest.warns(UserWarning, match="interrupted during warmup"):
-        mcmc.run(_vector_data())
-    assert mcmc.interrupted
-    assert mcmc.get_samples() == {}
-    assert mcmc.post_warmup_state is None
-
-
 def _interrupting(model):
     """``model`` that raises KeyboardInterrupt (as Ctrl-C would) on its call number
     ``counter["interrupt_at"]``; ``counter["calls"]`` counts its calls."""
@@ -367,6 +344,45 @@ def _interrupting(model):
         model(*args, **kwargs)
 
     return interrupting, counter
+
+
+def _interrupt_in_segment(monkeypatch, mcmc, counter, sampling: bool, at_call: int):
+    """Ctrl-C at the model's call ``at_call`` counted from the start of the first sampling
+    (``sampling``) or warmup segment."""
+
+    def arm(calls):
+        if counter["interrupt_at"] is None and calls[-1][1] is not sampling:
+            counter["calls"], counter["interrupt_at"] = 0, at_call
+
+    _segments(monkeypatch, mcmc.kernel, arm)
+
+
+def test_keyboard_interrupt_during_sampling_keeps_draws(monkeypatch):
+    """HMC with 3 fixed steps in blocks of 5 transitions: a block is 15 leapfrog steps (one
+    model call each, all chains at once). Ctrl-C at the 7th step of the third block keeps
+    the two blocks' 10 draws and the 2 transitions the third finished."""
+    model, counter = _interrupting(vector_model)
+    mcmc = _mcmc(model, kernel=HMC, num_steps=3, block_size=5, num_warmup=20, num_samples=50)
+    _interrupt_in_segment(monkeypatch, mcmc, counter, sampling=True, at_call=2 * 15 + 7)
+    with pytest.warns(UserWarning, match="interrupted during sampling.* 12 draws"):
+        mcmc.run(_vector_data(), extra_fields=("accept_prob",))
+    assert mcmc.interrupted
+    samples = mcmc.get_samples(group_by_chain=True)
+    assert samples["loc"].shape == (2, 12, 3) and samples["scale"].shape == (2, 12)
+    assert mcmc.get_extra_fields(group_by_chain=True)["accept_prob"].shape == (2, 12)
+    assert torch.isfinite(samples["loc"]).all()
+
+
+def test_keyboard_interrupt_during_warmup(monkeypatch):
+    model, counter = _interrupting(vector_model)
+    mcmc = _mcmc(model, kernel=HMC, num_steps=3, num_warmup=20, num_samples=50)
+    _interrupt_in_segment(monkeypatch, mcmc, counter, sampling=False, at_call=5)
+    with pytest.warns(UserWarning, match="interrupted during warmup"):
+        mcmc.run(_vector_data())
+    assert counter["calls"] == 5
+    assert mcmc.interrupted
+    assert mcmc.get_samples() == {}
+    assert mcmc.post_warmup_state is None
 
 
 def test_keyboard_interrupt_inside_nuts_keeps_the_draws_made_so_far():
@@ -462,6 +478,58 @@ def test_compiled_hmc_draws_what_eager_hmc_draws_without_recompiles():
     with count_compiles() as later, torch.compiler.set_stance("fail_on_recompile"):
         compiled.run(y)
     assert later.graph_breaks == 0 and later.graphs == 0
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_hmc_block_draws_what_one_transition_at_a_time_draws(float64, dense):
+    """A block of HMC transitions (one state machine over leapfrog steps, chains with
+    different step counts not waiting for each other, dual averaging in the graph) against
+    the plain reference: one transition at a time (``HMC.sample``'s trajectory, Metropolis
+    decision and the host's dual-averaging update), given the block's momenta and
+    uniforms."""
+    from probtorch.inference.mcmc.adaptation import dual_averaging_init, dual_averaging_update
+    from probtorch.inference.mcmc.hmc import hmc_init
+    from probtorch.inference.mcmc.hmc_block import (
+        draw_hmc_block_randomness,
+        init_hmc_block,
+        metropolis,
+    )
+
+    C, T = 3, 10
+    kernel = HMC(vector_model, trajectory_length=1.3, max_steps=40, dense_mass=dense,
+                 compile=False)  # fmt: skip
+    state = kernel.setup((_vector_data(),), {}, num_chains=C, rng_seed=0)
+    state = state._replace(step_size=torch.tensor([0.1, 0.25, 0.4]))
+    torch.manual_seed(5)
+    rand = draw_hmc_block_randomness(C, T, state.mass_sqrt, state.inverse_mass)
+    da = dual_averaging_init(state.step_size)
+    t_limit = torch.tensor([T, T, 7])
+    block = init_hmc_block(state.z, state.potential_energy, state.grad, state.step_size, da,
+                           t_limit, T)  # fmt: skip
+    block = kernel._block_loop(block, rand, state.inverse_mass, t_limit, torch.tensor(True))
+    assert block.t.tolist() == [T, T, 7]
+
+    z, pe, grad, step = state.z, state.potential_energy, state.grad, state.step_size
+    identity = torch.ones_like(z)  # the momenta are given: noise = momentum, M^(1/2) = 1
+    for t in range(T):
+        steps = torch.ceil(1.3 / step).to(torch.int64).clamp(1, 40)
+        traj = hmc_init(z, pe, grad, rand.momentum[:, t], identity, state.inverse_mass, steps)
+        traj = kernel._loop(traj, step, state.inverse_mass)
+        result = metropolis(traj, state.inverse_mass, rand.accept_u[:, t])
+        live = t < t_limit
+        for name in ("z", "potential_energy", "accept_prob", "num_steps", "energy"):
+            got = getattr(block.out, name)[live, t]
+            torch.testing.assert_close(got, getattr(result, name)[live], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(block.out.step_size[live, t], step[live], rtol=0, atol=0)
+        new_da = dual_averaging_update(da, result.accept_prob, kernel.target_accept_prob)
+        keep = live.unsqueeze(-1)
+        z, grad = torch.where(keep, result.z, z), torch.where(keep, result.grad, grad)
+        pe = torch.where(live, result.potential_energy, pe)
+        da = type(da)(*(torch.where(live, n, o) for n, o in zip(new_da, da)))
+        step = torch.where(live, torch.exp(new_da.log_step_size), step)
+    assert len(set(block.out.num_steps[:, :7].flatten().tolist())) > 2  # chains differ
+    torch.testing.assert_close(block.z, z, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(block.step_size, step, rtol=1e-12, atol=1e-12)
 
 
 # -- argument checks --------------------------------------------------------------------------

@@ -22,14 +22,16 @@ from ..potential import Potential, initialize_model
 from ..potential_fn import model_from_potential_fn
 from ..potential_hole import hole_value_and_grad
 from . import sampler_build
-from .adaptation import (
-    dual_averaging_update,
-    mass_sqrt_from_inverse,
-    welford_update,
-    welford_update_batch,
-)
+from .adaptation import mass_sqrt_from_inverse, welford_update_batch
 from .executor import ChunkedLoop, InPlaceLoop, SplitLoop
 from .hmc import hmc_draw_randomness, hmc_init, hmc_iteration
+from .hmc_block import (
+    draw_hmc_block_randomness,
+    hmc_block_iteration,
+    init_hmc_block,
+    metropolis,
+    trajectory_steps,
+)
 from .integrator import kinetic_energy, leapfrog, sample_momentum
 from .lean import TieredBuild, build_lean_loop
 from .nuts import (
@@ -273,6 +275,18 @@ class _HamiltonianKernel:
         """One transition for every chain."""
         raise NotImplementedError
 
+    def _start_block(self, state: SamplerState, adapt: AdaptState, t_limit, flags):
+        """The block state and the loop's other arguments for the next block."""
+        raise NotImplementedError
+
+    def _prepare_block(self, block, block_args) -> None:
+        """Choose the loop for the next block (NUTS: the split or lean executor)."""
+
+    def _run_block(self, block, block_args):
+        """One block on the current loop; returns the new block state and that loop."""
+        loop = self._block_loop
+        return loop(block, *block_args), loop
+
     def run_segment(
         self,
         state: SamplerState,
@@ -282,46 +296,69 @@ class _HamiltonianKernel:
         collect_mass: bool = False,
         progress: Callable | None = None,
     ) -> SegmentResult:
-        """``num_transitions`` transitions per chain, adapting as told after each one.
-
-        ``progress(n, step_size, divergences)`` is called as transitions complete, and
-        ``progress.compiling()``, where it has one, before a first transition that compiles
-        the sampler.
+        """``num_transitions`` transitions per chain, in blocks of ``block_size``: each
+        chain starts its next transition without waiting for the others, and adapts after
+        each one as told.
 
         The step size follows dual averaging when ``adapt_step_size``; draws feed the
-        mass-matrix estimate when ``collect_mass``. A KeyboardInterrupt ends the segment
-        early and keeps the transitions made so far.
+        mass-matrix estimate when ``collect_mass`` (from each block's draws).
+        ``progress(n, step_size, divergences)`` is called after each block, and
+        ``progress.compiling()``, where it has one, before a first block that compiles the
+        sampler. On KeyboardInterrupt the transitions finished so far are kept (the ones in
+        progress are dropped) and chains are cut to the shortest.
         """
         C, D = state.z.shape
+        T, device = self.block_size, state.z.device
         draws = state.z.new_empty(C, num_transitions, D)
-        stats = {name: [] for name in STAT_NAMES}
-        filled, interrupted, divergences = 0, False, 0
-        self._tell_compiling(getattr(self, "_loop", None), progress, num_transitions)
+        stats: dict[str, torch.Tensor | None] = {name: None for name in STAT_NAMES}
+        filled, reported, divergences = [0] * C, 0, 0
+        remaining = torch.full((C,), num_transitions, dtype=torch.int64, device=device)
+        flags = (torch.tensor(bool(adapt_step_size), device=device),)
+        interrupted = False
+        self._tell_compiling(self._block_loop, progress, num_transitions)
         try:
-            for i in range(num_transitions):
-                step_size = state.step_size
-                state, result = self.sample(state)
-                if adapt_step_size:
-                    da = dual_averaging_update(
-                        adapt.dual_averaging, result.accept_prob, self.target_accept_prob
-                    )
-                    adapt = adapt._replace(dual_averaging=da)
-                    state = state._replace(step_size=torch.exp(da.log_step_size))
+            while bool((remaining > 0).any()):
+                t_limit = remaining.clamp(max=self.block_size)
+                block, block_args = self._start_block(state, adapt, t_limit, flags)
+                self._prepare_block(block, block_args)
+                block, loop = self._run_block(block, block_args)
+                out = block.out._asdict()
+                for c, k in enumerate(block.t.tolist()):
+                    if k:
+                        draws[c, filled[c] : filled[c] + k] = out["z"][c, :k]
+                        for name in STAT_NAMES:
+                            if stats[name] is None:
+                                stats[name] = out[name].new_empty(C, num_transitions)
+                            stats[name][c, filled[c] : filled[c] + k] = out[name][c, :k]
+                        filled[c] += k
+                state = state._replace(
+                    z=block.z,
+                    potential_energy=block.potential_energy,
+                    grad=block.grad,
+                    step_size=block.step_size,
+                )
+                welford = adapt.welford
                 if collect_mass:
-                    adapt = adapt._replace(welford=welford_update(adapt.welford, state.z))
-                draws[:, i] = state.z
-                for name, value in _stat_values(step_size, result).items():
-                    stats[name].append(value)
-                filled = i + 1
-                divergences += int(result.diverging.sum())
+                    block_draws = [out["z"][c, :k] for c, k in enumerate(block.t.tolist())]
+                    if len(set(block.t.tolist())) == 1:  # the usual case: one batched update
+                        welford = welford_update_batch(welford, torch.stack(block_draws))
+                    else:  # chains finished different numbers of transitions
+                        welford = _welford_per_chain(welford, block_draws)
+                adapt = AdaptState(block.dual_averaging, welford)
+                if loop.interrupted:
+                    raise KeyboardInterrupt  # the finished transitions above are kept
+                remaining = remaining - block.t
+                divergences += int(block.out.diverging[:, :T].sum())
                 if progress is not None:
-                    progress(1, state.step_size, divergences)
+                    progress(min(filled) - reported, state.step_size, divergences)
+                    reported = min(filled)
         except KeyboardInterrupt:
             interrupted = True
+        kept = min(filled)  # chains may be uneven after an interrupt
         stats = {
-            k: torch.stack(v, dim=1) if v else state.z.new_zeros(C, 0) for k, v in stats.items()
+            k: (v[:, :kept] if v is not None else state.z.new_zeros(C, 0)) for k, v in stats.items()
         }
-        return SegmentResult(state, adapt, draws[:, :filled], stats, interrupted)
+        return SegmentResult(state, adapt, draws[:, :kept], stats, interrupted)
 
 
 class NUTS(_HamiltonianKernel):
@@ -552,84 +589,24 @@ class NUTS(_HamiltonianKernel):
                     self._block_loop = quick_loop
         return block, loop
 
-    def run_segment(
-        self,
-        state: SamplerState,
-        adapt: AdaptState,
-        num_transitions: int,
-        adapt_step_size: bool = False,
-        collect_mass: bool = False,
-        progress: Callable | None = None,
-    ) -> SegmentResult:
-        """Run the transitions in blocks: chains start their next tree without waiting.
-
-        On KeyboardInterrupt the transitions finished so far are kept (the trees in progress
-        are dropped) and chains are cut to the shortest.
-        """
+    def _start_block(self, state, adapt, t_limit, flags):
         C, D = state.z.shape
         T, L = self.block_size, self.max_tree_depth
-        device, dtype = state.z.device, state.z.dtype
-        draws = state.z.new_empty(C, num_transitions, D)
-        stats: dict[str, torch.Tensor | None] = {name: None for name in STAT_NAMES}
-        filled, reported, divergences = [0] * C, 0, 0
-        remaining = torch.full((C,), num_transitions, dtype=torch.int64, device=device)
-        flags = (torch.tensor(bool(adapt_step_size), device=device),)
-        interrupted = False
-        self._tell_compiling(self._block_loop, progress, num_transitions)
-        try:
-            while bool((remaining > 0).any()):
-                t_limit = remaining.clamp(max=T)
-                rand = draw_block_randomness(C, T, D, L, self.leaf_budget, dtype, device)
-                rand = with_momenta(rand, state.mass_sqrt, state.inverse_mass)
-                block = init_block(
-                    state.z, state.potential_energy, state.grad, state.inverse_mass,
-                    state.step_size, adapt.dual_averaging, t_limit, T, L,
-                )  # fmt: skip
-                block_args = (rand, state.inverse_mass, state.mass_sqrt, t_limit) + flags
-                if self._split_pending:
-                    self._use_split(block, block_args)
-                if self._lean_pending:
-                    self._use_lean(block, block_args)
-                else:
-                    self._poll_lean()
-                block, loop = self._run_block(block, block_args)
-                out = block.out._asdict()
-                for c, k in enumerate(block.t.tolist()):
-                    if k:
-                        draws[c, filled[c] : filled[c] + k] = out["z"][c, :k]
-                        for name in STAT_NAMES:
-                            if stats[name] is None:
-                                stats[name] = out[name].new_empty(C, num_transitions)
-                            stats[name][c, filled[c] : filled[c] + k] = out[name][c, :k]
-                        filled[c] += k
-                state = state._replace(
-                    z=block.z,
-                    potential_energy=block.potential_energy,
-                    grad=block.grad,
-                    step_size=block.step_size,
-                )
-                welford = adapt.welford
-                if collect_mass:
-                    block_draws = [out["z"][c, :k] for c, k in enumerate(block.t.tolist())]
-                    if len(set(block.t.tolist())) == 1:  # the usual case: one batched update
-                        welford = welford_update_batch(welford, torch.stack(block_draws))
-                    else:  # chains finished different numbers of transitions
-                        welford = _welford_per_chain(welford, block_draws)
-                adapt = AdaptState(block.dual_averaging, welford)
-                if loop.interrupted:
-                    raise KeyboardInterrupt  # the finished transitions above are kept
-                remaining = remaining - block.t
-                divergences += int(block.out.diverging[:, :T].sum())
-                if progress is not None:
-                    progress(min(filled) - reported, state.step_size, divergences)
-                    reported = min(filled)
-        except KeyboardInterrupt:
-            interrupted = True
-        kept = min(filled)  # chains may be uneven after an interrupt
-        stats = {
-            k: (v[:, :kept] if v is not None else state.z.new_zeros(C, 0)) for k, v in stats.items()
-        }
-        return SegmentResult(state, adapt, draws[:, :kept], stats, interrupted)
+        rand = draw_block_randomness(C, T, D, L, self.leaf_budget, state.z.dtype, state.z.device)
+        rand = with_momenta(rand, state.mass_sqrt, state.inverse_mass)
+        block = init_block(
+            state.z, state.potential_energy, state.grad, state.inverse_mass,
+            state.step_size, adapt.dual_averaging, t_limit, T, L,
+        )  # fmt: skip
+        return block, (rand, state.inverse_mass, state.mass_sqrt, t_limit) + flags
+
+    def _prepare_block(self, block, block_args) -> None:
+        if self._split_pending:
+            self._use_split(block, block_args)
+        if self._lean_pending:
+            self._use_lean(block, block_args)
+        else:
+            self._poll_lean()
 
     def sample(self, state: SamplerState) -> tuple[SamplerState, TransitionResult]:
         C, D = state.z.shape
@@ -708,18 +685,6 @@ def _welford_per_chain(welford, draws_per_chain: list[torch.Tensor]):
     return type(welford)(*(torch.cat(xs) for xs in zip(*parts)))
 
 
-def _stat_values(step_size: torch.Tensor, result: TransitionResult) -> dict[str, torch.Tensor]:
-    return {
-        "diverging": result.diverging,
-        "energy": result.energy,
-        "tree_depth": result.tree_depth,
-        "num_steps": result.num_steps,
-        "accept_prob": result.accept_prob,
-        "step_size": step_size,
-        "potential_energy": result.potential_energy,
-    }
-
-
 class HMC(_HamiltonianKernel):
     """Hamiltonian Monte Carlo with a fixed number of leapfrog steps or trajectory length.
 
@@ -727,6 +692,12 @@ class HMC(_HamiltonianKernel):
         num_steps: leapfrog steps per draw; or
         trajectory_length: the integration time, ``num_steps = ceil(length / step_size)``
             per chain (default ``2 * pi`` when neither is given).
+        max_steps: at most this many leapfrog steps per draw (``trajectory_length``).
+        block_size: transitions per chain between returns to Python. A block runs the
+            transitions of all chains as one state machine over leapfrog steps
+            (:mod:`~probtorch.inference.mcmc.hmc_block`), compiled as an in-place graph as
+            NUTS's blocks are: momentum, trajectory, Metropolis decision and step-size
+            adaptation; a chain with fewer steps starts its next trajectory without waiting.
         Other arguments as for :class:`NUTS`.
 
     Example::
@@ -749,6 +720,7 @@ class HMC(_HamiltonianKernel):
         num_steps: int | None = None,
         trajectory_length: float | None = None,
         max_steps: int = 1024,
+        block_size: int = 64,
         **kwargs,
     ):
         super().__init__(model, **kwargs)
@@ -756,35 +728,56 @@ class HMC(_HamiltonianKernel):
             raise ValueError("give num_steps or trajectory_length, not both")
         if num_steps is not None and num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        if trajectory_length is not None and not trajectory_length > 0:
+            raise ValueError(f"trajectory_length must be positive, got {trajectory_length}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
         if num_steps is None and trajectory_length is None:
             trajectory_length = 2 * math.pi
         self.num_steps = num_steps
         self.trajectory_length = trajectory_length
         self.max_steps = int(max_steps)
+        self.block_size = int(block_size)
 
     def _build(self, potential: Potential) -> None:
         value_and_grad = potential.raw_value_and_grad
+        settings = (self.num_steps, self.trajectory_length, self.max_steps)
+        target = self.target_accept_prob
 
         def iteration(state, step_size, inverse_mass):
             return hmc_iteration(state, value_and_grad, step_size, inverse_mass)
 
+        def block_step(state, rand, inverse_mass, t_limit, adapt_step):
+            return hmc_block_iteration(
+                state, rand, inverse_mass, t_limit, adapt_step, value_and_grad, *settings, target
+            )
+
         options = codegen_options(potential)
-        if potential.compiled:  # the trajectory as an in-place graph, as NUTS's blocks
+        if potential.compiled:  # in-place graphs, as NUTS's blocks
             self._loop = InPlaceLoop(iteration, self.chunk_size, options=options)
+            self._block_loop = InPlaceLoop(
+                block_step, self.chunk_size, done=_block_done, options=options
+            )
         else:
             self._loop = ChunkedLoop(iteration, self.chunk_size, False, options=options)
+            self._block_loop = ChunkedLoop(block_step, self.chunk_size, False, done=_block_done)
 
-    def _steps(self, step_size: torch.Tensor) -> torch.Tensor:
-        if self.num_steps is not None:
-            return torch.full(
-                step_size.shape, self.num_steps, dtype=torch.int64, device=step_size.device
-            )
-        steps = torch.ceil(self.trajectory_length / step_size).to(torch.int64)
-        return steps.clamp(1, self.max_steps)
+    def _start_block(self, state, adapt, t_limit, flags):
+        C, T = state.z.shape[0], self.block_size
+        rand = draw_hmc_block_randomness(C, T, state.mass_sqrt, state.inverse_mass)
+        block = init_hmc_block(
+            state.z, state.potential_energy, state.grad, state.step_size,
+            adapt.dual_averaging, t_limit, T,
+        )  # fmt: skip
+        return block, (rand, state.inverse_mass, t_limit) + flags
 
     def sample(self, state: SamplerState) -> tuple[SamplerState, TransitionResult]:
+        """One transition for every chain (outside the blocks :meth:`run_segment` runs)."""
         C, D = state.z.shape
         rand = hmc_draw_randomness(C, D, state.z.dtype, state.z.device)
+        steps = trajectory_steps(
+            state.step_size, self.num_steps, self.trajectory_length, self.max_steps
+        )
         traj = hmc_init(
             state.z,
             state.potential_energy,
@@ -792,28 +785,13 @@ class HMC(_HamiltonianKernel):
             rand.momentum_noise,
             state.mass_sqrt,
             state.inverse_mass,
-            self._steps(state.step_size),
+            steps,
         )
         traj = self._loop(traj, state.step_size, state.inverse_mass)
-        if self._loop.interrupted:  # Ctrl-C inside the trajectory: no transition, and
-            raise KeyboardInterrupt  # run_segment keeps the ones made before it
-        energy = traj.pe + kinetic_energy(state.inverse_mass, traj.r)
-        delta = energy - traj.energy0
-        delta = torch.where(torch.isnan(delta), torch.full_like(delta, math.inf), delta)
-        accept_prob = torch.exp(torch.clamp(-delta, max=0.0))
-        accept = rand.accept_u < accept_prob
-        a2 = accept.unsqueeze(-1)
-        z = torch.where(a2, traj.z, traj.z0)
-        pe = torch.where(accept, traj.pe, traj.pe0)
-        grad = torch.where(a2, traj.g, traj.g0)
-        result = TransitionResult(
-            z,
-            pe,
-            grad,
-            torch.where(accept, energy, traj.energy0),
-            torch.zeros_like(traj.num_steps),
-            traj.num_steps,
-            accept_prob,
-            delta > 1000.0,
+        if self._loop.interrupted:  # Ctrl-C inside the trajectory: no transition
+            raise KeyboardInterrupt
+        result = metropolis(traj, state.inverse_mass, rand.accept_u)
+        new_state = state._replace(
+            z=result.z, potential_energy=result.potential_energy, grad=result.grad
         )
-        return state._replace(z=z, potential_energy=pe, grad=grad), result
+        return new_state, result

@@ -39,6 +39,11 @@ __all__ = [
     "with_momenta",
     "init_block",
     "block_iteration",
+    "empty_outputs",
+    "record",
+    "at",
+    "put",
+    "select",
 ]
 
 
@@ -116,13 +121,6 @@ def init_block(
     zeros_noise = torch.zeros_like(z)
     mass_one = torch.ones_like(z)
     tree = init_transition(z, potential_energy, grad, zeros_noise, mass_one, mass_one, max_depth)
-    out_float = torch.zeros(C, T + 1, dtype=z.dtype, device=z.device)
-    out_long = torch.zeros(C, T + 1, dtype=torch.int64, device=z.device)
-    outputs = BlockOutputs(
-        torch.zeros(C, T + 1, D, dtype=z.dtype, device=z.device),
-        out_float.clone(), out_float.clone(), out_long.clone(), out_long.clone(),
-        out_float.clone(), out_long.bool(), out_float.clone(),
-    )  # fmt: skip
     zeros_long = torch.zeros(C, dtype=torch.int64, device=z.device)
     return BlockState(
         tree,
@@ -136,18 +134,44 @@ def init_block(
         velocity(inverse_mass, grad).clone(),
         step_size.clone(),
         DualAveragingState(*(x.clone() for x in dual_averaging)),
-        outputs,
+        empty_outputs(z, T),
     )
 
 
-def _at(buf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def empty_outputs(z: torch.Tensor, T: int) -> BlockOutputs:
+    """Zeroed per-transition outputs for a block of ``T`` transitions per chain at ``z``."""
+    C, D = z.shape
+    out_float = torch.zeros(C, T + 1, dtype=z.dtype, device=z.device)
+    out_long = torch.zeros(C, T + 1, dtype=torch.int64, device=z.device)
+    return BlockOutputs(
+        torch.zeros(C, T + 1, D, dtype=z.dtype, device=z.device),
+        out_float.clone(), out_float.clone(), out_long.clone(), out_long.clone(),
+        out_float.clone(), out_long.bool(), out_float.clone(),
+    )  # fmt: skip
+
+
+def record(out: BlockOutputs, slot: torch.Tensor, result, step_size: torch.Tensor) -> BlockOutputs:
+    """``out`` with row ``slot[c]`` of chain ``c`` set to its transition ``result``."""
+    return BlockOutputs(
+        put(out.z, slot, result.z),
+        put(out.potential_energy, slot, result.potential_energy),
+        put(out.energy, slot, result.energy),
+        put(out.tree_depth, slot, result.tree_depth),
+        put(out.num_steps, slot, result.num_steps),
+        put(out.accept_prob, slot, result.accept_prob),
+        put(out.diverging, slot, result.diverging),
+        put(out.step_size, slot, step_size),
+    )
+
+
+def at(buf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``buf[c, index[c]]`` for a (C, T, ...) buffer."""
     idx = index.reshape(index.shape + (1,) * (buf.dim() - 1))
     idx = idx.expand((buf.shape[0], 1) + buf.shape[2:])
     return buf.gather(1, idx).squeeze(1)
 
 
-def _put(buf: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def put(buf: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``buf[c, index[c]] = value[c]`` (functional).
 
     ``index_put`` rather than ``scatter``: Inductor turns a chain of index_puts into in-place
@@ -158,7 +182,7 @@ def _put(buf: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> torch.T
     return buf.index_put((chains, index), value.to(buf.dtype))
 
 
-def _select(mask: torch.Tensor, new, old):
+def select(mask: torch.Tensor, new, old):
     m = mask.reshape(mask.shape + (1,) * (new.dim() - 1))
     return torch.where(m, new, old)
 
@@ -182,18 +206,18 @@ def block_iteration(
 
     # start a new transition where the previous one finished
     if rand.momentum is not None:
-        r, v, kinetic = (_at(x, t_idx) for x in (rand.momentum, rand.velocity, rand.kinetic))
+        r, v, kinetic = (at(x, t_idx) for x in (rand.momentum, rand.velocity, rand.kinetic))
         fresh = start_transition(
             bs.z, bs.potential_energy, bs.grad, bs.minv_grad, r, v, kinetic, max_depth
         )
     else:
-        noise = _at(rand.momentum_noise, t_idx)
+        noise = at(rand.momentum_noise, t_idx)
         fresh = init_transition(
             bs.z, bs.potential_energy, bs.grad, noise, mass_sqrt, inverse_mass, max_depth
         )
     starting = bs.need_init & ~bs.block_done
     reset = {
-        name: _select(starting, getattr(fresh, name), getattr(bs.tree, name))
+        name: select(starting, getattr(fresh, name), getattr(bs.tree, name))
         for name in RESET_FIELDS
     }
     tree = bs.tree._replace(**reset)
@@ -204,8 +228,8 @@ def block_iteration(
     u_leaf = rand.leaf_u.gather(1, leaf_index.unsqueeze(-1)).squeeze(-1)
     new_tree = nuts_step(
         tree,
-        _at(rand.go_right, t_idx),
-        _at(rand.merge_u, t_idx),
+        at(rand.go_right, t_idx),
+        at(rand.merge_u, t_idx),
         u_leaf,
         value_and_grad,
         bs.step_size,
@@ -221,23 +245,13 @@ def block_iteration(
 
     # record the draw (unfinished chains write to the scratch row T)
     slot = torch.where(finished, t_idx, torch.full_like(t_idx, T))
-    out = bs.out
-    out = BlockOutputs(
-        _put(out.z, slot, result.z),
-        _put(out.potential_energy, slot, result.potential_energy),
-        _put(out.energy, slot, result.energy),
-        _put(out.tree_depth, slot, result.tree_depth),
-        _put(out.num_steps, slot, result.num_steps),
-        _put(out.accept_prob, slot, result.accept_prob),
-        _put(out.diverging, slot, result.diverging),
-        _put(out.step_size, slot, bs.step_size),
-    )
+    out = record(bs.out, slot, result, bs.step_size)
 
     # adaptation after each finished transition
     adapt_step = finished & adapt_step_size
     da_new = dual_averaging_update(bs.dual_averaging, result.accept_prob, target_accept_prob)
     dual_averaging = DualAveragingState(
-        *(_select(adapt_step, n, o) for n, o in zip(da_new, bs.dual_averaging))
+        *(select(adapt_step, n, o) for n, o in zip(da_new, bs.dual_averaging))
     )
     step_size = torch.where(adapt_step, torch.exp(da_new.log_step_size), bs.step_size)
 
@@ -251,10 +265,10 @@ def block_iteration(
         block_done,
         t,
         leaf_pos,
-        _select(finished, result.z, bs.z),
+        select(finished, result.z, bs.z),
         torch.where(finished, result.potential_energy, bs.potential_energy),
-        _select(finished, result.grad, bs.grad),
-        _select(finished, result.minv_grad, bs.minv_grad),
+        select(finished, result.grad, bs.grad),
+        select(finished, result.minv_grad, bs.minv_grad),
         step_size,
         dual_averaging,
         out,
