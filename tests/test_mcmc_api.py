@@ -312,6 +312,52 @@ def test_continue_from_last_state_skips_warmup(kernel, options, monkeypatch):
     assert mcmc.get_samples(group_by_chain=True)["loc"].shape == (2, 30, 3)
 
 
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+def test_warmup_then_run_samples_without_warming_up_again(chain_method, monkeypatch):
+    """``warmup`` adapts and keeps no draws; ``run`` then samples from the adapted chains
+    (no warmup segments); ``warmup(collect_warmup=True)`` keeps the warmup transitions,
+    thinned, with their statistics."""
+    y = _vector_data()
+    mcmc = _mcmc(num_warmup=60, num_samples=30, chain_method=chain_method, thinning=2)
+    mcmc.warmup(y)
+    warm = mcmc.post_warmup_state
+    assert warm is not None and mcmc.get_samples() == {}
+    calls = _segments(monkeypatch, mcmc.kernel)
+    mcmc.run(y, extra_fields=("step_size",))
+    assert calls == [(30, False)] * (2 if chain_method == "sequential" else 1)
+    assert mcmc.get_samples(group_by_chain=True)["loc"].shape == (2, 15, 3)
+    step = mcmc.get_extra_fields(group_by_chain=True)["step_size"]
+    torch.testing.assert_close(step, warm.step_size.unsqueeze(1).expand(2, 15), rtol=0, atol=0)
+
+    monkeypatch.undo()
+    mcmc.warmup(y, collect_warmup=True, extra_fields=("step_size",))
+    assert mcmc.get_samples(group_by_chain=True)["loc"].shape == (2, 30, 3)
+    warmup_steps = mcmc.get_extra_fields(group_by_chain=True)["step_size"]
+    assert warmup_steps.shape == (2, 30) and len(set(warmup_steps[0].tolist())) > 5  # adapting
+    torch.testing.assert_close(mcmc.post_warmup_state.z, warm.z, rtol=0, atol=0)  # same seed
+
+
+def test_continued_run_draws_a_stream_of_its_own():
+    """A run continued from ``last_state`` does not restart the seed's random stream: a
+    fresh run from the same point, step size and metric with the same seed draws other
+    momenta, so other draws. The same state continued twice gives the same draws."""
+    y = _vector_data()
+    options = {"num_warmup": 0, "num_samples": 20, "step_size": 0.1, "adapt_step_size": False}
+    first = _mcmc(**options)
+    first.run(y)
+    last = first.last_state
+    fresh = _mcmc(**options)
+    fresh.run(y, init_params={k: v[:, -1] for k, v in first.get_samples(True).items()
+                              if k in ("loc", "scale")})  # fmt: skip
+    runs = []
+    for _ in range(2):
+        first.post_warmup_state = last
+        first.run(y)
+        runs.append(first.get_samples())
+    assert torch.equal(runs[0]["loc"], runs[1]["loc"])
+    assert not torch.allclose(runs[0]["loc"], fresh.get_samples()["loc"])
+
+
 def test_init_params_honored():
     y = _vector_data()
     init = {"loc": torch.tensor([0.5, -1.0, 2.0]), "scale": torch.tensor(1.5)}

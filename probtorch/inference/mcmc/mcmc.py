@@ -7,6 +7,7 @@ ArviZ.
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 
 import torch
@@ -101,7 +102,46 @@ class MCMC:
         with inference_threads():
             self._run(args, kwargs, init_params, extra_fields)
 
-    def _run(self, args, kwargs, init_params, extra_fields) -> None:
+    def warmup(
+        self,
+        *args,
+        init_params: dict | None = None,
+        extra_fields=(),
+        collect_warmup: bool = False,
+        **kwargs,
+    ) -> None:
+        """Run only the warmup (adaptation), as NumPyro's ``MCMC.warmup``.
+
+        Afterwards ``post_warmup_state`` holds the adapted chains, and ``run`` with the
+        same arguments samples from there without warming up again. A previous warmup is
+        not reused: this always adapts anew. With ``collect_warmup`` the warmup transitions
+        are kept as the draws (``get_samples``, ``get_extra_fields``, ``print_summary``;
+        thinned as sampling draws are), to look at how the chains and the step size
+        settled; otherwise no draws are kept.
+
+        Example::
+
+            >>> import torch, probtorch as pt, probtorch.distributions as dist
+            >>> from probtorch.inference import MCMC, NUTS
+            >>> def model():
+            ...     pt.sample("x", dist.Normal(0.0, 1.0))
+            >>> mcmc = MCMC(NUTS(model, compile=False), num_warmup=50, num_samples=20,
+            ...             progress_bar=False, seed=0)
+            >>> mcmc.warmup(collect_warmup=True, extra_fields=("step_size",))
+            >>> mcmc.get_extra_fields()["step_size"].shape
+            torch.Size([50])
+            >>> mcmc.run()  # no new warmup
+            >>> mcmc.get_samples()["x"].shape
+            torch.Size([20])
+        """
+        self.post_warmup_state = None
+        with inference_threads():
+            self._run(args, kwargs, init_params, extra_fields, warmup_only=True,
+                      collect_warmup=collect_warmup)  # fmt: skip
+
+    def _run(
+        self, args, kwargs, init_params, extra_fields, warmup_only=False, collect_warmup=False
+    ) -> None:
         self._extra_fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
         unknown = set(self._extra_fields) - set(STAT_NAMES)
         if unknown:
@@ -110,16 +150,19 @@ class MCMC:
             )
         self._model_args, self._model_kwargs = args, kwargs
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31, ()).item())
+        continuing = self.post_warmup_state is not None
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            continuing = self.post_warmup_state is not None
+            # a continued run draws a stream of its own: restarting the seed's stream would
+            # drive it with the same momenta as the run it continues (NumPyro carries its
+            # key in the state for the same reason)
+            warm = self.post_warmup_state
+            torch.manual_seed(continuation_seed(seed, warm) if continuing else seed)
             state = self._setup(args, kwargs, seed, init_params)
+            phase = (continuing, warmup_only, collect_warmup)
             if self.chain_method == "vectorized":
-                warm, state, draws, stats = self._run_chains(state, continuing)
+                warm, state, draws, stats = self._run_chains(state, *phase)
             else:
-                parts = [
-                    self._run_chains(_chain(state, c), continuing) for c in range(self.num_chains)
-                ]
+                parts = [self._run_chains(_chain(state, c), *phase) for c in range(self.num_chains)]
                 warm = _cat_states([p[0] for p in parts])
                 state = _cat_states([p[1] for p in parts])
                 draws = _cat_chains([p[2] for p in parts])
@@ -143,22 +186,38 @@ class MCMC:
             )
         return warm
 
-    def _run_chains(self, state: SamplerState, continuing: bool):
-        """Warmup then sampling for the chains in ``state``.
+    def _run_chains(
+        self,
+        state: SamplerState,
+        continuing: bool,
+        warmup_only: bool = False,
+        collect_warmup: bool = False,
+    ):
+        """Warmup then sampling for the chains in ``state`` (only the warmup with
+        ``warmup_only``).
 
         Returns the post-warmup state, the last state, the draws ``(C, S, D)`` and the
-        per-draw statistics ``(C, S)``.
+        per-draw statistics ``(C, S)``: the sampling phase's, or the warmup's with
+        ``collect_warmup`` (none without).
         """
         kernel = self.kernel
+        C, D = state.z.shape
+        empty = state.z.new_zeros(C, 0, D)
+        kept = empty, {k: empty[..., 0] for k in STAT_NAMES}
+        keep = slice(self.thinning - 1, None, self.thinning)
         if not continuing and self.num_warmup > 0:
             with _progress("warmup", self.num_warmup, self.progress_bar) as bar:
-                state, _, interrupted = run_warmup(kernel, state, self.num_warmup, bar)
-            if interrupted:
+                warmed = run_warmup(kernel, state, self.num_warmup, bar)
+            state = warmed.state
+            if collect_warmup:
+                kept = warmed.draws[:, keep], {k: v[:, keep] for k, v in warmed.stats.items()}
+            if warmed.interrupted:
                 self.interrupted = True
-                warnings.warn("interrupted during warmup: no draws were kept", stacklevel=3)
-                C, D = state.z.shape
-                empty = state.z.new_zeros(C, 0, D)
-                return None, state, empty, {k: empty[..., 0] for k in STAT_NAMES}
+                what = f"the {kept[0].shape[1]} warmup draws" if collect_warmup else "no draws"
+                warnings.warn(f"interrupted during warmup: {what} were kept", stacklevel=3)
+                return None, state, *kept
+        if warmup_only:
+            return state, state, *kept
         warm = state
         adapt = init_adapt_state(state, kernel.dense_mass)
         with _progress("sample", self.num_samples, self.progress_bar) as bar:
@@ -170,7 +229,6 @@ class MCMC:
                 f"chain made so far",
                 stacklevel=3,
             )
-        keep = slice(self.thinning - 1, None, self.thinning)
         draws = result.draws[:, keep]
         stats = {k: v[:, keep] for k, v in result.stats.items()}
         return warm, result.state, draws, stats
@@ -215,6 +273,24 @@ class MCMC:
         """ArviZ InferenceData: posterior, sample_stats, observed_data, log_likelihood."""
         self._require_run()
         return to_inference_data(self.kernel.potential, self._samples, self._stats)
+
+
+def continuation_seed(seed: int, state: SamplerState) -> int:
+    """The seed of a run that continues from ``state``: a hash of ``seed`` and the state's
+    positions and step sizes (the same state and seed give the same draws).
+
+    Example::
+
+        >>> import torch
+        >>> from probtorch.inference.mcmc.kernels import SamplerState
+        >>> s = SamplerState(*(torch.zeros(2, 3),) * 6)
+        >>> continuation_seed(0, s) == continuation_seed(0, s) != continuation_seed(1, s)
+        True
+    """
+    h = hashlib.sha256(str(int(seed)).encode())
+    for x in (state.z, state.step_size):
+        h.update(x.detach().cpu().contiguous().numpy().tobytes())
+    return int.from_bytes(h.digest()[:8], "little") % 2**62
 
 
 def _same_args(potential, args, kwargs) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import torch
+
 from .adaptation import (
     DualAveragingState,
     WelfordState,
@@ -23,7 +25,7 @@ from .adaptation import (
     welford_init,
 )
 
-__all__ = ["AdaptState", "init_adapt_state", "run_warmup"]
+__all__ = ["AdaptState", "WarmupResult", "init_adapt_state", "run_warmup"]
 
 
 class AdaptState(NamedTuple):
@@ -39,16 +41,32 @@ def init_adapt_state(state, dense: bool) -> AdaptState:
     )
 
 
-def run_warmup(kernel, state, num_warmup: int, progress: Callable | None = None):
-    """Warm ``state`` up for ``num_warmup`` transitions; returns ``(state, stats, interrupted)``.
+class WarmupResult(NamedTuple):
+    """What :func:`run_warmup` returns: the warmed-up state, the warmup transitions' draws
+    ``(C, n, D)`` (unconstrained) and statistics (``(C, n)`` each), and whether a
+    KeyboardInterrupt ended it (then ``n < num_warmup`` and the state is not adapted)."""
 
-    ``stats`` holds the per-transition statistics of the warmup (``(C, num_warmup)`` each).
-    """
+    state: object
+    draws: torch.Tensor
+    stats: dict
+    interrupted: bool
+
+
+def run_warmup(kernel, state, num_warmup: int, progress: Callable | None = None) -> WarmupResult:
+    """Warm ``state`` up for ``num_warmup`` transitions."""
     windows = warmup_windows(num_warmup) if kernel.adapt_mass_matrix else []
     adapt = init_adapt_state(state, kernel.dense_mass)
-    all_stats = []
+    draws, stats = [], []
+
+    def result(interrupted: bool) -> WarmupResult:
+        names = stats[0].keys() if stats else ()
+        joined = {k: torch.cat([s[k] for s in stats], dim=1) for k in names}
+        C, D = state.z.shape
+        z = torch.cat(draws, dim=1) if draws else state.z.new_zeros(C, 0, D)
+        return WarmupResult(state, z, joined, interrupted)
+
     for segment in warmup_segments(num_warmup, windows):
-        result = kernel.run_segment(
+        segment_result = kernel.run_segment(
             state,
             adapt,
             segment.length,
@@ -56,10 +74,11 @@ def run_warmup(kernel, state, num_warmup: int, progress: Callable | None = None)
             collect_mass=segment.collect_mass,
             progress=progress,
         )
-        state, adapt = result.state, result.adapt
-        all_stats.append(result.stats)
-        if result.interrupted:
-            return state, all_stats, True
+        state, adapt = segment_result.state, segment_result.adapt
+        draws.append(segment_result.draws)
+        stats.append(segment_result.stats)
+        if segment_result.interrupted:
+            return result(True)
         if segment.ends_window:
             inverse_mass = welford_final(adapt.welford)
             state = state._replace(
@@ -70,4 +89,4 @@ def run_warmup(kernel, state, num_warmup: int, progress: Callable | None = None)
             adapt = init_adapt_state(state, kernel.dense_mass)
     if kernel.adapt_step_size and num_warmup > 0:
         state = state._replace(step_size=dual_averaging_final(adapt.dual_averaging))
-    return state, all_stats, False
+    return result(False)
