@@ -17,11 +17,11 @@ from typing import NamedTuple
 
 import torch
 
-from .adaptation import DualAveragingState, dual_averaging_update
+from .adaptation import DualAveragingState
 from .hmc import HMCState, hmc_iteration
 from .integrator import kinetic_energy, sample_momentum, velocity
 from .nuts import TransitionResult
-from .nuts_block import BlockOutputs, at, empty_outputs, record, select
+from .nuts_block import BlockOutputs, at, empty_outputs, finish_transitions, select
 
 __all__ = [
     "HMCBlockRandomness",
@@ -157,19 +157,9 @@ def hmc_block_iteration(
     finished = new_traj.done & ~traj.done
     result = metropolis(new_traj, inverse_mass, at(rand.accept_u, t_idx))
 
-    # record the draw (unfinished chains write to the scratch row T)
-    slot = torch.where(finished, t_idx, torch.full_like(t_idx, T))
-    out = record(bs.out, slot, result, bs.step_size)
-
-    # adaptation after each finished transition
-    adapt_step = finished & adapt_step_size
-    da_new = dual_averaging_update(bs.dual_averaging, result.accept_prob, target_accept_prob)
-    dual_averaging = DualAveragingState(
-        *(select(adapt_step, n, o) for n, o in zip(da_new, bs.dual_averaging))
+    out, dual_averaging, step_size, t = finish_transitions(
+        bs, finished, t_idx, result, adapt_step_size, target_accept_prob
     )
-    step_size = torch.where(adapt_step, torch.exp(da_new.log_step_size), bs.step_size)
-
-    t = bs.t + finished.to(bs.t.dtype)
     block_done = bs.block_done | (finished & (t >= t_limit))
     return HMCBlockState(
         new_traj,

@@ -41,6 +41,7 @@ __all__ = [
     "block_iteration",
     "empty_outputs",
     "record",
+    "finish_transitions",
     "at",
     "put",
     "select",
@@ -164,6 +165,23 @@ def record(out: BlockOutputs, slot: torch.Tensor, result, step_size: torch.Tenso
     )
 
 
+def finish_transitions(bs, finished, t_idx, result, adapt_step_size, target_accept_prob):
+    """What a block does for the chains whose transition ``finished`` at this iteration:
+    record ``result`` in row ``t_idx`` of the outputs (the others write to the scratch row
+    T), update dual averaging (if ``adapt_step_size``) and count the transition. Returns
+    the outputs, dual-averaging state, step sizes and transition counts."""
+    T = bs.out.z.shape[1] - 1
+    slot = torch.where(finished, t_idx, torch.full_like(t_idx, T))
+    out = record(bs.out, slot, result, bs.step_size)
+    adapt_step = finished & adapt_step_size
+    da_new = dual_averaging_update(bs.dual_averaging, result.accept_prob, target_accept_prob)
+    dual_averaging = DualAveragingState(
+        *(select(adapt_step, n, o) for n, o in zip(da_new, bs.dual_averaging))
+    )
+    step_size = torch.where(adapt_step, torch.exp(da_new.log_step_size), bs.step_size)
+    return out, dual_averaging, step_size, bs.t + finished.to(bs.t.dtype)
+
+
 def at(buf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``buf[c, index[c]]`` for a (C, T, ...) buffer."""
     idx = index.reshape(index.shape + (1,) * (buf.dim() - 1))
@@ -243,19 +261,9 @@ def block_iteration(
     finished = new_tree.done & ~tree.done
     result = transition_result(new_tree)
 
-    # record the draw (unfinished chains write to the scratch row T)
-    slot = torch.where(finished, t_idx, torch.full_like(t_idx, T))
-    out = record(bs.out, slot, result, bs.step_size)
-
-    # adaptation after each finished transition
-    adapt_step = finished & adapt_step_size
-    da_new = dual_averaging_update(bs.dual_averaging, result.accept_prob, target_accept_prob)
-    dual_averaging = DualAveragingState(
-        *(select(adapt_step, n, o) for n, o in zip(da_new, bs.dual_averaging))
+    out, dual_averaging, step_size, t = finish_transitions(
+        bs, finished, t_idx, result, adapt_step_size, target_accept_prob
     )
-    step_size = torch.where(adapt_step, torch.exp(da_new.log_step_size), bs.step_size)
-
-    t = bs.t + finished.to(bs.t.dtype)
     leaf_pos = bs.leaf_pos + torch.where(finished, new_tree.num_steps, torch.zeros_like(bs.t))
     out_of_leaves = leaf_pos + (2**max_depth) > leaf_budget
     block_done = bs.block_done | (finished & ((t >= t_limit) | out_of_leaves))
