@@ -392,15 +392,17 @@ def _interrupting(model):
     return interrupting, counter
 
 
-def _interrupt_in_segment(monkeypatch, mcmc, counter, sampling: bool, at_call: int):
-    """Ctrl-C at the model's call ``at_call`` counted from the start of the first sampling
-    (``sampling``) or warmup segment."""
+def _interrupt_in_segment(monkeypatch, mcmc, counter, sampling: bool, at_call: int, nth=1):
+    """Ctrl-C at the model's call ``at_call`` counted from the start of the ``nth`` sampling
+    (``sampling``) or warmup segment; returns the segments run (:func:`_segments`)."""
 
     def arm(calls):
+        matching = [c for c in calls if c[1] is not sampling]
         if counter["interrupt_at"] is None and calls[-1][1] is not sampling:
-            counter["calls"], counter["interrupt_at"] = 0, at_call
+            if len(matching) == nth:
+                counter["calls"], counter["interrupt_at"] = 0, at_call
 
-    _segments(monkeypatch, mcmc.kernel, arm)
+    return _segments(monkeypatch, mcmc.kernel, arm)
 
 
 def test_keyboard_interrupt_during_sampling_keeps_draws(monkeypatch):
@@ -417,6 +419,36 @@ def test_keyboard_interrupt_during_sampling_keeps_draws(monkeypatch):
     assert samples["loc"].shape == (2, 12, 3) and samples["scale"].shape == (2, 12)
     assert mcmc.get_extra_fields(group_by_chain=True)["accept_prob"].shape == (2, 12)
     assert torch.isfinite(samples["loc"]).all()
+
+
+@pytest.mark.parametrize(
+    ("blocks", "shape", "match"),
+    [
+        (2, (1, 50), "keeping the 1 finished chain\\(s\\) of 50 draws; chain 2's 12 draws were "
+         "dropped"),
+        (9, (2, 47), "keeping 2 chain\\(s\\) of 47 draws \\(the interrupted chain's\\)"),
+    ],
+)  # fmt: skip
+def test_keyboard_interrupt_ends_sequential_chains(monkeypatch, blocks, shape, match):
+    """Ctrl-C in the second of three sequential chains ends the run: the third never starts.
+    Kept: the finished chain in full, or both chains cut to the interrupted one's length,
+    whichever keeps more draws (blocks of 5 transitions of 3 steps, as above)."""
+    model, counter = _interrupting(vector_model)
+    mcmc = _mcmc(model, kernel=HMC, num_steps=3, block_size=5, num_warmup=20, num_samples=50,
+                 num_chains=3, chain_method="sequential")  # fmt: skip
+    calls = _interrupt_in_segment(
+        monkeypatch, mcmc, counter, sampling=True, at_call=blocks * 15 + 7, nth=2
+    )
+    with pytest.warns(UserWarning, match="interrupted during sampling of chain 2 of 3 "
+                      "\\(chain_method='sequential'\\): " + match):  # fmt: skip
+        mcmc.run(_vector_data())
+    assert mcmc.interrupted
+    assert [n for n, adapting in calls if not adapting] == [50, 50]  # no third chain
+    assert mcmc.get_samples(group_by_chain=True)["loc"].shape == shape + (3,)
+    assert mcmc.post_warmup_state is None  # not every chain was warmed up and kept
+    assert mcmc.last_state.z.shape == (shape[0], 4)
+    mcmc.run(_vector_data())  # an uninterrupted run after it
+    assert not mcmc.interrupted and mcmc.get_samples(group_by_chain=True)["loc"].shape[0] == 3
 
 
 def test_keyboard_interrupt_during_warmup(monkeypatch):

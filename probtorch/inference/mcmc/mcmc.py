@@ -159,17 +159,42 @@ class MCMC:
             torch.manual_seed(continuation_seed(seed, warm) if continuing else seed)
             state = self._setup(args, kwargs, seed, init_params)
             phase = (continuing, warmup_only, collect_warmup)
+            self.interrupted, self._interrupted_in = False, None
             if self.chain_method == "vectorized":
                 warm, state, draws, stats = self._run_chains(state, *phase)
+                note = self._interrupted_in and _interrupt_note(self._interrupted_in, draws)
             else:
-                parts = [self._run_chains(_chain(state, c), *phase) for c in range(self.num_chains)]
+                parts = []
+                for c in range(self.num_chains):
+                    parts.append(self._run_chains(_chain(state, c), *phase))
+                    if self.interrupted:  # Ctrl-C ends the run, not only this chain
+                        break
+                parts, note = self._kept_chains(parts)
                 warm = _cat_states([p[0] for p in parts])
                 state = _cat_states([p[1] for p in parts])
                 draws = _cat_chains([p[2] for p in parts])
                 stats = {k: _cat_chains([p[3][k] for p in parts]) for k in parts[0][3]}
-        self.post_warmup_state = warm
+        if note:
+            warnings.warn(note, stacklevel=3)
+        self.post_warmup_state = warm if warm is None or len(warm.z) == self.num_chains else None
         self.last_state = state
         self._collect(draws, stats)
+
+    def _kept_chains(self, parts: list) -> tuple[list, str | None]:
+        """The sequential chains kept after an interrupt (in the last of ``parts``), and what
+        the warning says: the finished chains in full, or every chain run cut to the
+        interrupted one's length, whichever keeps more draws."""
+        if not self.interrupted:
+            return parts, None
+        c, done = len(parts) - 1, parts[:-1]
+        total, kept = self.num_chains, parts[-1][2].shape[1]
+        where = f"interrupted during {self._interrupted_in} of chain {c + 1} of {total} "
+        where += "(chain_method='sequential'): keeping "
+        full = done[0][2].shape[1] if done else 0
+        if done and len(done) * full >= len(parts) * kept:
+            dropped = f"; chain {c + 1}'s {kept} draws were dropped"
+            return done, where + f"the {len(done)} finished chain(s) of {full} draws{dropped}"
+        return parts, where + f"{len(parts)} chain(s) of {kept} draws (the interrupted chain's)"
 
     def _setup(self, args, kwargs, seed, init_params) -> SamplerState:
         warm = self.post_warmup_state
@@ -212,9 +237,7 @@ class MCMC:
             if collect_warmup:
                 kept = warmed.draws[:, keep], {k: v[:, keep] for k, v in warmed.stats.items()}
             if warmed.interrupted:
-                self.interrupted = True
-                what = f"the {kept[0].shape[1]} warmup draws" if collect_warmup else "no draws"
-                warnings.warn(f"interrupted during warmup: {what} were kept", stacklevel=3)
+                self.interrupted, self._interrupted_in = True, "warmup"
                 return None, state, *kept
         if warmup_only:
             return state, state, *kept
@@ -223,12 +246,7 @@ class MCMC:
         with _progress("sample", self.num_samples, self.progress_bar) as bar:
             result = kernel.run_segment(state, adapt, self.num_samples, progress=bar)
         if result.interrupted:
-            self.interrupted = True
-            warnings.warn(
-                f"interrupted during sampling: keeping the {result.draws.shape[1]} draws per "
-                f"chain made so far",
-                stacklevel=3,
-            )
+            self.interrupted, self._interrupted_in = True, "sampling"
         draws = result.draws[:, keep]
         stats = {k: v[:, keep] for k, v in result.stats.items()}
         return warm, result.state, draws, stats
@@ -291,6 +309,13 @@ def continuation_seed(seed: int, state: SamplerState) -> int:
     for x in (state.z, state.step_size):
         h.update(x.detach().cpu().contiguous().numpy().tobytes())
     return int.from_bytes(h.digest()[:8], "little") % 2**62
+
+
+def _interrupt_note(phase: str, draws: torch.Tensor) -> str:
+    if phase == "warmup":
+        what = f"the {draws.shape[1]} warmup draws were" if draws.shape[1] else "no draws were"
+        return f"interrupted during warmup: {what} kept"
+    return f"interrupted during sampling: keeping the {draws.shape[1]} draws per chain made so far"
 
 
 def _same_args(potential, args, kwargs) -> bool:
