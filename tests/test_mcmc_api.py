@@ -2,6 +2,7 @@
 interrupts, argument checks, Stan's warmup schedule and dual averaging."""
 
 import math
+import warnings
 
 import arviz as az
 import numpy as np
@@ -356,6 +357,21 @@ def test_continued_run_draws_a_stream_of_its_own():
         runs.append(first.get_samples())
     assert torch.equal(runs[0]["loc"], runs[1]["loc"])
     assert not torch.allclose(runs[0]["loc"], fresh.get_samples()["loc"])
+
+
+def test_sampling_problems_are_reported_after_the_run():
+    """As Stan does: divergent transitions and trees cut at max_tree_depth, counted over the
+    kept draws, in one warning after sampling; a healthy run says nothing."""
+    y = _vector_data()
+    fixed = {"num_warmup": 0, "num_samples": 20, "adapt_step_size": False}
+    with pytest.warns(UserWarning, match=r"\d+ of 40 transitions after warmup diverged.*"
+                      r"raise target_accept_prob above 0.8"):  # fmt: skip
+        _mcmc(step_size=30.0, **fixed).run(y)
+    with pytest.warns(UserWarning, match=r"\d+ of 40 transitions reached max_tree_depth=2"):
+        _mcmc(step_size=1e-3, max_tree_depth=2, **fixed).run(y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _mcmc(num_warmup=100, num_samples=50).run(y)
 
 
 def test_init_params_honored():

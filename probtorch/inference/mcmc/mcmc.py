@@ -179,6 +179,9 @@ class MCMC:
         self.post_warmup_state = warm if warm is None or len(warm.z) == self.num_chains else None
         self.last_state = state
         self._collect(draws, stats)
+        problems = None if warmup_only else sampling_problems(self.kernel, stats)
+        if problems:
+            warnings.warn(problems, stacklevel=3)
 
     def _kept_chains(self, parts: list) -> tuple[list, str | None]:
         """The sequential chains kept after an interrupt (in the last of ``parts``), and what
@@ -309,6 +312,45 @@ def continuation_seed(seed: int, state: SamplerState) -> int:
     for x in (state.z, state.step_size):
         h.update(x.detach().cpu().contiguous().numpy().tobytes())
     return int.from_bytes(h.digest()[:8], "little") % 2**62
+
+
+def sampling_problems(kernel, stats: dict) -> str | None:
+    """What Stan reports after sampling, or None: divergent transitions (the draws may miss
+    part of the posterior) and NUTS trees cut at ``max_tree_depth`` (inefficient, not
+    biased), counted over the kept draws' ``stats``.
+
+    Example::
+
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> kernel = SimpleNamespace(target_accept_prob=0.8, max_tree_depth=10)
+        >>> stats = {"diverging": torch.tensor([[True, False]]),
+        ...          "tree_depth": torch.tensor([[3, 10]])}
+        >>> print(sampling_problems(kernel, stats))  # doctest: +NORMALIZE_WHITESPACE
+        1 of 2 transitions after warmup diverged: the draws may miss part of the posterior
+        (raise target_accept_prob above 0.8, or reparameterize, e.g. non-centered); 1 of 2
+        transitions reached max_tree_depth=10: sampling was inefficient (raise
+        max_tree_depth, or use dense_mass=True for correlated parameters)
+    """
+    total = stats["diverging"].numel()
+    found = []
+    diverged = int(stats["diverging"].sum())
+    if diverged:
+        found.append(
+            f"{diverged} of {total} transitions after warmup diverged: the draws may miss part "
+            f"of the posterior (raise target_accept_prob above {kernel.target_accept_prob:g}, "
+            f"or reparameterize, e.g. non-centered)"
+        )
+    max_depth = getattr(kernel, "max_tree_depth", None)
+    if max_depth is not None and "tree_depth" in stats:
+        capped = int((stats["tree_depth"] >= max_depth).sum())
+        if capped:
+            found.append(
+                f"{capped} of {total} transitions reached max_tree_depth={max_depth}: sampling "
+                f"was inefficient (raise max_tree_depth, or use dense_mass=True for correlated "
+                f"parameters)"
+            )
+    return "; ".join(found) or None
 
 
 def _interrupt_note(phase: str, draws: torch.Tensor) -> str:
