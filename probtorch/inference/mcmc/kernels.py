@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -116,6 +116,60 @@ class SegmentResult(NamedTuple):
     interrupted: bool
 
 
+def _mass_blocks(dense_mass) -> list[tuple[str, ...]] | None:
+    """``dense_mass``'s site blocks, or None for ``True``/``False``."""
+    if isinstance(dense_mass, bool):
+        return None
+    ok = isinstance(dense_mass, (list, tuple)) and all(
+        isinstance(g, (list, tuple)) and g and all(isinstance(n, str) for n in g)
+        for g in dense_mass
+    )
+    if not ok:
+        raise TypeError(
+            f"dense_mass must be True, False or a list of tuples of latent site names, e.g. "
+            f"[('beta', 'alpha')]; got {dense_mass!r}"
+        )
+    return [tuple(g) for g in dense_mass]
+
+
+def block_mass_mask(potential: Potential, blocks: list | None) -> torch.Tensor | None:
+    """The (D, D) mask of a structured dense metric: each block's sites jointly, every other
+    coordinate on the diagonal; None for a diagonal or fully dense one.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("a", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+        ...     pt.sample("b", dist.Normal(0.0, 1.0))
+        >>> block_mass_mask(Potential(model, compile=False), [("a",)]).int()
+        tensor([[1, 1, 0],
+                [1, 1, 0],
+                [0, 0, 1]], dtype=torch.int32)
+    """
+    if not blocks:
+        return None
+    sites = {s.name: s for s in potential.sites}
+    seen: dict[str, int] = {}
+    mask = torch.eye(potential.dim, dtype=torch.bool, device=potential.device)
+    for i, block in enumerate(blocks):
+        unknown = [n for n in block if n not in sites]
+        if unknown:
+            raise ValueError(
+                f"dense_mass names {unknown}, which are not latent sites of this model; its "
+                f"latent sites are {potential.site_names}"
+            )
+        twice = [n for n in block if n in seen]
+        if twice:
+            raise ValueError(f"dense_mass puts site(s) {twice} in more than one block")
+        seen.update(dict.fromkeys(block, i))
+        index = torch.cat(
+            [torch.arange(sites[n].offset, sites[n].offset + sites[n].size) for n in block]
+        ).to(potential.device)
+        mask[index.unsqueeze(-1), index] = True
+    return mask
+
+
 def find_reasonable_step_size(
     value_and_grad: Callable,
     state: SamplerState,
@@ -162,7 +216,7 @@ class _HamiltonianKernel:
         step_size: float = 1.0,
         adapt_step_size: bool = True,
         adapt_mass_matrix: bool = True,
-        dense_mass: bool = False,
+        dense_mass: bool | Sequence[Sequence[str]] = False,
         inverse_mass_matrix: torch.Tensor | None = None,
         target_accept_prob: float = 0.8,
         init_strategy: Callable = init_to_uniform,
@@ -187,7 +241,9 @@ class _HamiltonianKernel:
         self.step_size = float(step_size)
         self.adapt_step_size = adapt_step_size
         self.adapt_mass_matrix = adapt_mass_matrix
-        self.dense_mass = dense_mass
+        self.mass_blocks = _mass_blocks(dense_mass)
+        self.dense_mass = bool(dense_mass)  # structured blocks are kept as a dense matrix
+        self._mass_mask: torch.Tensor | None = None
         self.inverse_mass_matrix = inverse_mass_matrix
         self.target_accept_prob = target_accept_prob
         self.init_strategy = init_strategy
@@ -221,6 +277,7 @@ class _HamiltonianKernel:
             compile=self.compile,
         )
         self.potential = potential
+        self._mass_mask = block_mass_mask(potential, self.mass_blocks)
         self._build(potential)
         # Set-up and the step-size heuristic call the potential a few dozen times: eagerly,
         # which saves compiling a second graph (about as long as the sampler's own).
@@ -247,8 +304,15 @@ class _HamiltonianKernel:
                 f"{tuple(given.shape)}"
             )
         if self.dense_mass:  # exactly symmetric: see integrator.velocity
-            given = 0.5 * (given + given.transpose(-1, -2))
+            given = self.restrict_mass(0.5 * (given + given.transpose(-1, -2)))
         return given.expand((num_chains,) + expected).clone()
+
+    def restrict_mass(self, inverse_mass: torch.Tensor) -> torch.Tensor:
+        """``inverse_mass`` with the entries outside ``dense_mass``'s blocks set to zero
+        (unchanged for a diagonal or fully dense metric)."""
+        if self._mass_mask is None:
+            return inverse_mass
+        return inverse_mass * self._mass_mask.to(inverse_mass.dtype)
 
     def reset_step_size(self, state: SamplerState) -> SamplerState:
         """Re-run the step-size heuristic from the current points (Stan does after each window)."""
@@ -375,7 +439,11 @@ class NUTS(_HamiltonianKernel):
         step_size: initial step size (adapted during warmup unless ``adapt_step_size=False``).
         adapt_step_size: dual-averaging step-size adaptation during warmup.
         adapt_mass_matrix: windowed mass-matrix adaptation during warmup.
-        dense_mass: adapt a dense (rather than diagonal) mass matrix.
+        dense_mass: adapt a dense (rather than diagonal) mass matrix; or, as in NumPyro, a
+            list of tuples of latent site names, each a block of sites whose joint
+            (co)variance is adapted, the other sites diagonal, e.g. ``[("beta", "alpha")]``.
+            The blocks are kept as a dense matrix with zeros between them: the estimate of
+            a block-diagonal metric at the cost per step of a dense one.
         inverse_mass_matrix: the initial inverse mass matrix, ``(D,)`` or ``(D, D)``.
         target_accept_prob: the acceptance statistic dual averaging aims for.
         max_tree_depth: at most ``2**max_tree_depth - 1`` leapfrog steps per draw.

@@ -80,7 +80,7 @@ def run_warmup(kernel, state, num_warmup: int, progress: Callable | None = None)
         if segment_result.interrupted:
             return result(True)
         if segment.ends_window:
-            inverse_mass = welford_final(adapt.welford)
+            inverse_mass = kernel.restrict_mass(welford_final(adapt.welford))
             state = state._replace(
                 inverse_mass=inverse_mass, mass_sqrt=mass_sqrt_from_inverse(inverse_mass)
             )
