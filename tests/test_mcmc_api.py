@@ -369,6 +369,9 @@ def test_sampling_problems_are_reported_after_the_run():
         _mcmc(step_size=30.0, **fixed).run(y)
     with pytest.warns(UserWarning, match=r"\d+ of 40 transitions reached max_tree_depth=2"):
         _mcmc(step_size=1e-3, max_tree_depth=2, **fixed).run(y)
+    # counted before thinning: every sampling transition, as Stan counts them
+    with pytest.warns(UserWarning, match=r"\d+ of 40 transitions after warmup diverged"):
+        _mcmc(step_size=30.0, thinning=4, **fixed).run(y)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _mcmc(num_warmup=100, num_samples=50).run(y)
@@ -465,6 +468,37 @@ def test_keyboard_interrupt_ends_sequential_chains(monkeypatch, blocks, shape, m
     assert mcmc.last_state.z.shape == (shape[0], 4)
     mcmc.run(_vector_data())  # an uninterrupted run after it
     assert not mcmc.interrupted and mcmc.get_samples(group_by_chain=True)["loc"].shape[0] == 3
+
+
+def test_interrupted_sequential_continuation_keeps_its_post_warmup_state(monkeypatch):
+    """A continued sequential run cut short keeps the post_warmup_state it was given (still
+    valid for every chain); a state with fewer chains than num_chains is an error."""
+    model, counter = _interrupting(vector_model)
+    mcmc = _mcmc(model, kernel=HMC, num_steps=3, block_size=5, num_warmup=20, num_samples=50,
+                 num_chains=3, chain_method="sequential")  # fmt: skip
+    y = _vector_data()
+    mcmc.run(y)
+    warm = mcmc.post_warmup_state
+    _interrupt_in_segment(monkeypatch, mcmc, counter, sampling=True, at_call=2 * 15 + 7, nth=2)
+    with pytest.warns(UserWarning, match="interrupted during sampling of chain 2 of 3"):
+        mcmc.run(y)
+    assert mcmc.post_warmup_state is warm
+    assert mcmc.last_state.z.shape[0] == 1
+    mcmc.post_warmup_state = mcmc.last_state
+    with pytest.raises(ValueError, match="post_warmup_state has 1 chains but this MCMC runs "
+                       "num_chains=3"):  # fmt: skip
+        mcmc.run(y)
+
+
+def test_interrupted_collected_warmup_keeps_the_stats_dtypes(monkeypatch):
+    model, counter = _interrupting(vector_model)
+    mcmc = _mcmc(model, kernel=HMC, num_steps=3, block_size=5, num_warmup=20, num_samples=5)
+    # the first segment's 3 transitions (9 calls) finish; the second stops in its first
+    _interrupt_in_segment(monkeypatch, mcmc, counter, sampling=False, at_call=12)
+    with pytest.warns(UserWarning, match=r"interrupted during warmup: the 3 warmup draws"):
+        mcmc.warmup(_vector_data(), collect_warmup=True, extra_fields=("tree_depth",))
+    fields = mcmc.get_extra_fields()
+    assert fields["diverging"].dtype == torch.bool and fields["tree_depth"].dtype == torch.int64
 
 
 def test_keyboard_interrupt_during_warmup(monkeypatch):
@@ -927,6 +961,7 @@ def test_dense_mass_blocks_adapt_a_block_diagonal_metric():
         ([("a",), ("b", "a")], ValueError, r"puts site\(s\) \['a'\] in more than one block"),
         ("a", TypeError, "list of tuples of latent site names"),
         ([("a",), ()], TypeError, "list of tuples of latent site names"),
+        ([("a", "b", "a")], ValueError, r"puts site\(s\) \['a'\] in more than one block"),
     ],
 )  # fmt: skip
 def test_dense_mass_blocks_errors(dense_mass, error, match):

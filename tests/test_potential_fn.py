@@ -162,7 +162,8 @@ def test_potential_fn_must_return_a_scalar():
         ({"loc": torch.zeros(3), "scale": 1.0, "scael": 1.0},
          r"init_params has \['scael'\], which are not latent sites.*\['loc', 'scale'\]"),
         ({"loc": torch.zeros(3), "scale": torch.tensor([1.0, -1.0])},
-         r"init_params\['scale'\] lies outside the support of site 'scale' \(HalfNormal"),
+         r"init_params\['scale'\] \(chain 1\) lies outside the support of site 'scale' "
+         r"\(HalfNormal"),
     ],
 )  # fmt: skip
 def test_model_init_params_errors_name_the_site(init_params, match):
@@ -172,3 +173,33 @@ def test_model_init_params_errors_name_the_site(init_params, match):
 
     with pytest.raises(ValueError, match=match):
         _run(NUTS(model, compile=False), init_params)
+
+
+def test_init_params_where_a_support_depends_on_another_site():
+    """x ~ Uniform(0, a): each chain's x is mapped to unconstrained space under its own a
+    (the model runs at the given values), and checked against that support."""
+
+    def model():
+        a = pt.sample("a", dist.HalfNormal(1.0))
+        pt.sample("x", dist.Uniform(0.0, a))
+
+    kernel = NUTS(model, compile=False, step_size=1e-7, adapt_step_size=False, max_tree_depth=1)
+    start = {"a": torch.tensor([5.0, 2.0]), "x": torch.tensor([3.0, 1.0])}
+    mcmc = _mcmc(kernel, num_warmup=0, num_samples=1, num_chains=2)
+    mcmc.run(init_params=start)
+    for name, value in mcmc.get_samples(group_by_chain=True).items():
+        torch.testing.assert_close(value[:, 0], start[name], rtol=1e-5, atol=0)
+    mcmc.post_warmup_state = None
+    with pytest.raises(ValueError, match=r"init_params\['x'\] \(chain 0\) lies outside the "
+                       r"support of site 'x' \(Uniform, support Interval\(lower_bound=0.0, "
+                       r"upper_bound=5.0\)\)"):  # fmt: skip
+        mcmc.run(init_params={"a": 5.0, "x": 6.0})
+
+
+def test_init_params_while_continuing_is_an_error():
+    mcmc = _mcmc(NUTS(potential_fn=energy, compile=False), num_warmup=5, num_samples=5)
+    mcmc.run(init_params=_init(4))
+    with pytest.raises(ValueError, match="init_params would be ignored.*post_warmup_state = None"):
+        mcmc.run(init_params=_init(4))
+    mcmc.post_warmup_state = None
+    mcmc.run(init_params=_init(4))

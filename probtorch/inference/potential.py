@@ -558,7 +558,7 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
             f"init_params has no value for latent site(s) {missing}: give every latent site, "
             f"or start some with init_strategy=init_to_value(values=...) on the kernel"
         )
-    rows = []
+    values = {}
     for s in potential.sites:
         value = torch.as_tensor(init_params[s.name], dtype=potential.dtype, device=potential.device)
         if value.shape == s.shape:
@@ -569,17 +569,34 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
                 f"shape {tuple(s.shape)}, so give {tuple(s.shape)} (every chain) or "
                 f"{(num_chains,) + tuple(s.shape)} (one per chain, num_chains={num_chains})"
             )
-        support = potential.prototype_trace[s.name].fn.support
-        inside = support.check(value)
-        if not bool(inside.all()):
-            fn = potential.prototype_trace[s.name].fn
-            raise ValueError(
-                f"init_params[{s.name!r}] lies outside the support of site {s.name!r} "
-                f"({type(fn).__name__}, support {support}) at "
-                f"{int((~inside).sum())} of {inside.numel()} positions"
-            )
-        rows.append(biject_to(support).inv(value).reshape(num_chains, s.size))
-    return torch.cat(rows, dim=-1).detach().clone()
+        values[s.name] = value.detach()
+    rows = []
+    for chain in range(num_chains):
+        # the model runs at the given values, so a support that depends on other latents
+        # (x ~ Uniform(0, a)) is the one at this chain's a
+        start = {name: v[chain] for name, v in values.items()}
+        tr = _run_traced(
+            potential.model, potential.model_args, potential.model_kwargs, 0,
+            substitute_fn=lambda site, start=start: start.get(site.name),
+        )  # fmt: skip
+        parts = []
+        for s in potential.sites:
+            fn = tr[s.name].fn
+            where = f"init_params[{s.name!r}] (chain {chain})"
+            if not bool(fn.support.check(start[s.name]).all()):
+                raise ValueError(
+                    f"{where} lies outside the support of site {s.name!r} "
+                    f"({type(fn).__name__}, support {fn.support})"
+                )
+            unconstrained = biject_to(fn.support).inv(start[s.name])
+            if not bool(torch.isfinite(unconstrained).all()):
+                raise ValueError(
+                    f"{where} lies on the boundary of the support of site {s.name!r} "
+                    f"({type(fn).__name__}, support {fn.support}): start inside it"
+                )
+            parts.append(unconstrained.reshape(s.size).to(potential.dtype))
+        rows.append(torch.cat(parts))
+    return torch.stack(rows).detach()
 
 
 def _pack_trace(potential: Potential, tr: Trace) -> torch.Tensor:

@@ -78,8 +78,9 @@ def trajectory_steps(
     within ``[1, max_steps]``."""
     if num_steps is not None:
         return torch.full(step_size.shape, num_steps, dtype=torch.int64, device=step_size.device)
-    steps = torch.ceil(trajectory_length / step_size).to(torch.int64)
-    return steps.clamp(1, max_steps)
+    # clamped before the cast: a tiny or nan step size would overflow int64 (nan: max_steps)
+    steps = torch.ceil(trajectory_length / step_size).nan_to_num(nan=max_steps)
+    return steps.clamp(1, max_steps).to(torch.int64)
 
 
 def init_hmc_block(z, potential_energy, grad, step_size, dual_averaging, t_limit, T):

@@ -51,6 +51,7 @@ __all__ = [
     "HMC",
     "find_reasonable_step_size",
     "lean_is_faster",
+    "empty_stats",
 ]
 
 STAT_NAMES = (
@@ -93,6 +94,24 @@ def codegen_options(potential: Potential) -> dict:
         # vector code without the vector headers.)
         return {"cpp.simdlen": 1}
     return {"cpp.enable_loop_tail_vec": False}
+
+
+_INTEGER_STATS = ("tree_depth", "num_steps")
+
+
+def empty_stats(z: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-transition statistics of no transitions, ``(C, 0)`` each, in their dtypes
+    (``diverging`` bool, step counts int64, the rest ``z``'s), so that joining them to
+    others keeps those dtypes."""
+    C = z.shape[0]
+    return {
+        name: torch.zeros(C, 0, dtype=torch.bool, device=z.device)
+        if name == "diverging"
+        else torch.zeros(C, 0, dtype=torch.int64, device=z.device)
+        if name in _INTEGER_STATS
+        else z.new_zeros(C, 0)
+        for name in STAT_NAMES
+    }
 
 
 class SamplerState(NamedTuple):
@@ -159,7 +178,7 @@ def block_mass_mask(potential: Potential, blocks: list | None) -> torch.Tensor |
                 f"dense_mass names {unknown}, which are not latent sites of this model; its "
                 f"latent sites are {potential.site_names}"
             )
-        twice = [n for n in block if n in seen]
+        twice = [n for n in block if n in seen] + [n for n in set(block) if block.count(n) > 1]
         if twice:
             raise ValueError(f"dense_mass puts site(s) {twice} in more than one block")
         seen.update(dict.fromkeys(block, i))
@@ -419,9 +438,8 @@ class _HamiltonianKernel:
         except KeyboardInterrupt:
             interrupted = True
         kept = min(filled)  # chains may be uneven after an interrupt
-        stats = {
-            k: (v[:, :kept] if v is not None else state.z.new_zeros(C, 0)) for k, v in stats.items()
-        }
+        empty = empty_stats(state.z)
+        stats = {k: (v[:, :kept] if v is not None else empty[k]) for k, v in stats.items()}
         return SegmentResult(state, adapt, draws[:, :kept], stats, interrupted)
 
 
@@ -443,7 +461,8 @@ class NUTS(_HamiltonianKernel):
             list of tuples of latent site names, each a block of sites whose joint
             (co)variance is adapted, the other sites diagonal, e.g. ``[("beta", "alpha")]``.
             The blocks are kept as a dense matrix with zeros between them: the estimate of
-            a block-diagonal metric at the cost per step of a dense one.
+            a block-diagonal metric at the cost per step of a dense one (a given
+            ``inverse_mass_matrix`` is cut to the blocks too).
         inverse_mass_matrix: the initial inverse mass matrix, ``(D,)`` or ``(D, D)``.
         target_accept_prob: the acceptance statistic dual averaging aims for.
         max_tree_depth: at most ``2**max_tree_depth - 1`` leapfrog steps per draw.

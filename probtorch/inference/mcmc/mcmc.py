@@ -14,7 +14,7 @@ import torch
 
 from ..compile import inference_threads
 from .diagnostics import summary_table, to_inference_data
-from .kernels import STAT_NAMES, SamplerState
+from .kernels import STAT_NAMES, SamplerState, empty_stats
 from .warmup import init_adapt_state, run_warmup
 
 __all__ = ["MCMC"]
@@ -151,6 +151,12 @@ class MCMC:
         self._model_args, self._model_kwargs = args, kwargs
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31, ()).item())
         continuing = self.post_warmup_state is not None
+        if continuing and init_params is not None:
+            raise ValueError(
+                "init_params would be ignored: this run continues from post_warmup_state (set "
+                "by the previous run, or by you); set mcmc.post_warmup_state = None to start "
+                "from init_params with a new warmup"
+            )
         with torch.random.fork_rng(devices=[]):
             # a continued run draws a stream of its own: restarting the seed's stream would
             # drive it with the same momenta as the run it continues (NumPyro carries its
@@ -160,6 +166,7 @@ class MCMC:
             state = self._setup(args, kwargs, seed, init_params)
             phase = (continuing, warmup_only, collect_warmup)
             self.interrupted, self._interrupted_in = False, None
+            self._problems = [0, 0, 0]  # sampling transitions, divergent, at max_tree_depth
             if self.chain_method == "vectorized":
                 warm, state, draws, stats = self._run_chains(state, *phase)
                 note = self._interrupted_in and _interrupt_note(self._interrupted_in, draws)
@@ -176,10 +183,12 @@ class MCMC:
                 stats = {k: _cat_chains([p[3][k] for p in parts]) for k in parts[0][3]}
         if note:
             warnings.warn(note, stacklevel=3)
-        self.post_warmup_state = warm if warm is None or len(warm.z) == self.num_chains else None
+        if warm is not None and len(warm.z) != self.num_chains:  # chains dropped (sequential)
+            warm = self.post_warmup_state if continuing else None  # the given one still holds
+        self.post_warmup_state = warm
         self.last_state = state
         self._collect(draws, stats)
-        problems = None if warmup_only else sampling_problems(self.kernel, stats)
+        problems = None if warmup_only else problems_message(self.kernel, *self._problems)
         if problems:
             warnings.warn(problems, stacklevel=3)
 
@@ -202,6 +211,12 @@ class MCMC:
     def _setup(self, args, kwargs, seed, init_params) -> SamplerState:
         warm = self.post_warmup_state
         potential = self.kernel.potential
+        if warm is not None and len(warm.z) != self.num_chains:
+            raise ValueError(
+                f"post_warmup_state has {len(warm.z)} chains but this MCMC runs "
+                f"num_chains={self.num_chains} (a run interrupted in sequential chains keeps "
+                f"fewer; continue with MCMC(..., num_chains={len(warm.z)}))"
+            )
         if warm is not None and potential is not None and _same_args(potential, args, kwargs):
             return warm  # continue: the kernel's compiled functions are reused
         state = self.kernel.setup(args, kwargs, self.num_chains, seed, init_params=init_params)
@@ -231,7 +246,7 @@ class MCMC:
         kernel = self.kernel
         C, D = state.z.shape
         empty = state.z.new_zeros(C, 0, D)
-        kept = empty, {k: empty[..., 0] for k in STAT_NAMES}
+        kept = empty, empty_stats(state.z)
         keep = slice(self.thinning - 1, None, self.thinning)
         if not continuing and self.num_warmup > 0:
             with _progress("warmup", self.num_warmup, self.progress_bar) as bar:
@@ -250,6 +265,8 @@ class MCMC:
             result = kernel.run_segment(state, adapt, self.num_samples, progress=bar)
         if result.interrupted:
             self.interrupted, self._interrupted_in = True, "sampling"
+        for i, n in enumerate(problem_counts(kernel, result.stats)):  # before thinning
+            self._problems[i] += n
         draws = result.draws[:, keep]
         stats = {k: v[:, keep] for k, v in result.stats.items()}
         return warm, result.state, draws, stats
@@ -314,42 +331,44 @@ def continuation_seed(seed: int, state: SamplerState) -> int:
     return int.from_bytes(h.digest()[:8], "little") % 2**62
 
 
-def sampling_problems(kernel, stats: dict) -> str | None:
+def problem_counts(kernel, stats: dict) -> tuple[int, int, int]:
+    """Transitions, divergent ones and NUTS trees cut at ``max_tree_depth`` in ``stats``."""
+    diverged = int(stats["diverging"].sum())
+    max_depth = getattr(kernel, "max_tree_depth", None)
+    capped = 0
+    if max_depth is not None and "tree_depth" in stats:
+        capped = int((stats["tree_depth"] >= max_depth).sum())
+    return stats["diverging"].numel(), diverged, capped
+
+
+def problems_message(kernel, total: int, diverged: int, capped: int) -> str | None:
     """What Stan reports after sampling, or None: divergent transitions (the draws may miss
     part of the posterior) and NUTS trees cut at ``max_tree_depth`` (inefficient, not
-    biased), counted over the kept draws' ``stats``.
+    biased), out of ``total`` sampling transitions (before thinning).
 
     Example::
 
-        >>> import torch
         >>> from types import SimpleNamespace
         >>> kernel = SimpleNamespace(target_accept_prob=0.8, max_tree_depth=10)
-        >>> stats = {"diverging": torch.tensor([[True, False]]),
-        ...          "tree_depth": torch.tensor([[3, 10]])}
-        >>> print(sampling_problems(kernel, stats))  # doctest: +NORMALIZE_WHITESPACE
+        >>> print(problems_message(kernel, 2, 1, 1))  # doctest: +NORMALIZE_WHITESPACE
         1 of 2 transitions after warmup diverged: the draws may miss part of the posterior
         (raise target_accept_prob above 0.8, or reparameterize, e.g. non-centered); 1 of 2
         transitions reached max_tree_depth=10: sampling was inefficient (raise
         max_tree_depth, or use dense_mass=True for correlated parameters)
     """
-    total = stats["diverging"].numel()
     found = []
-    diverged = int(stats["diverging"].sum())
     if diverged:
         found.append(
             f"{diverged} of {total} transitions after warmup diverged: the draws may miss part "
             f"of the posterior (raise target_accept_prob above {kernel.target_accept_prob:g}, "
             f"or reparameterize, e.g. non-centered)"
         )
-    max_depth = getattr(kernel, "max_tree_depth", None)
-    if max_depth is not None and "tree_depth" in stats:
-        capped = int((stats["tree_depth"] >= max_depth).sum())
-        if capped:
-            found.append(
-                f"{capped} of {total} transitions reached max_tree_depth={max_depth}: sampling "
-                f"was inefficient (raise max_tree_depth, or use dense_mass=True for correlated "
-                f"parameters)"
-            )
+    if capped:
+        found.append(
+            f"{capped} of {total} transitions reached max_tree_depth={kernel.max_tree_depth}: "
+            f"sampling was inefficient (raise max_tree_depth, or use dense_mass=True for "
+            f"correlated parameters)"
+        )
     return "; ".join(found) or None
 
 
