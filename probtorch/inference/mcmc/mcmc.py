@@ -93,10 +93,19 @@ class MCMC:
     def run(self, *args, init_params: dict | None = None, extra_fields=(), **kwargs) -> None:
         """Warm up (unless continuing from ``post_warmup_state``) and draw samples.
 
-        ``init_params`` are constrained initial values per latent site. Setting
-        ``mcmc.post_warmup_state = mcmc.last_state`` before a second ``run`` continues the
-        chains with the adapted step size and mass matrix and no new warmup. torch runs
-        with ``PROBTORCH_NUM_THREADS`` intra-op threads meanwhile (default 1; see
+        ``init_params`` are constrained initial values per latent site (each with the
+        site's shape, or with a leading ``num_chains`` dimension). After a run,
+        ``post_warmup_state`` holds the adapted chains at the start of sampling, so a
+        second ``run`` samples again from there without warming up (set it to None for a
+        new warmup, e.g. from other ``init_params``); setting ``mcmc.post_warmup_state =
+        mcmc.last_state`` continues the chains where they stopped. A continued run draws
+        a random stream of its own (from the seed and the state).
+
+        Ctrl-C keeps the transitions finished so far, with a warning; chains are cut to the
+        shortest, so ``last_state`` may lie a few transitions past a chain's last kept draw.
+        Afterwards a warning reports divergent transitions and trees cut at
+        ``max_tree_depth``, as Stan does. torch runs with ``PROBTORCH_NUM_THREADS`` intra-op
+        threads meanwhile (default 1; see
         :func:`probtorch.inference.compile.inference_threads`).
         """
         with inference_threads():
