@@ -233,6 +233,9 @@ def test_print_summary(vector_run, capsys):
     for text in ("loc[0]", "loc[2]", "scale", "loc_sum", "scaled[1]", "n_eff", "r_hat",
                  "mean", "std", f"Number of divergences: {divergences}"):  # fmt: skip
         assert text in out, text
+    mcmc.print_summary(exclude_deterministic=True)  # as NumPyro's option
+    out = capsys.readouterr().out
+    assert "loc[2]" in out and "scale" in out and "loc_sum" not in out and "scaled" not in out
 
 
 # -- ArviZ export -------------------------------------------------------------------------------

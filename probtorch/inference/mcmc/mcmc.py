@@ -310,10 +310,15 @@ class MCMC:
             return fields
         return {k: v.reshape(-1) for k, v in fields.items()}
 
-    def print_summary(self, prob: float = 0.9) -> None:
-        """Mean, sd, quantiles, bulk ESS and R-hat per scalar, and the divergence count."""
+    def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = False) -> None:
+        """Mean, sd, quantiles, bulk ESS and R-hat per scalar, and the divergence count;
+        with ``exclude_deterministic`` (NumPyro's option) the latent sites only."""
         self._require_run()
-        print(summary_table(self._samples, prob=prob))
+        samples = self._samples
+        if exclude_deterministic:
+            latent = set(self.kernel.potential.site_names)
+            samples = {k: v for k, v in samples.items() if k in latent}
+        print(summary_table(samples, prob=prob))
         print(f"\nNumber of divergences: {int(self._stats['diverging'].sum())}")
 
     def to_inference_data(self):
