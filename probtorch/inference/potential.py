@@ -579,23 +579,14 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
             potential.model, potential.model_args, potential.model_kwargs, 0,
             substitute_fn=lambda site, start=start: start.get(site.name),
         )  # fmt: skip
-        parts = []
         for s in potential.sites:
             fn = tr[s.name].fn
-            where = f"init_params[{s.name!r}] (chain {chain})"
             if not bool(fn.support.check(start[s.name]).all()):
                 raise ValueError(
-                    f"{where} lies outside the support of site {s.name!r} "
-                    f"({type(fn).__name__}, support {fn.support})"
+                    f"init_params[{s.name!r}] (chain {chain}) lies outside the support of "
+                    f"site {s.name!r} ({type(fn).__name__}, support {fn.support})"
                 )
-            unconstrained = biject_to(fn.support).inv(start[s.name])
-            if not bool(torch.isfinite(unconstrained).all()):
-                raise ValueError(
-                    f"{where} lies on the boundary of the support of site {s.name!r} "
-                    f"({type(fn).__name__}, support {fn.support}): start inside it"
-                )
-            parts.append(unconstrained.reshape(s.size).to(potential.dtype))
-        rows.append(torch.cat(parts))
+        rows.append(_pack_trace(potential, tr))  # a start on a boundary: _check_finite
     return torch.stack(rows).detach()
 
 

@@ -2,7 +2,7 @@
 
 A chunk is ``chunk_size`` unrolled iterations of the state machine.
 
-- :class:`InPlaceLoop` (the quick path for NUTS, and compiled HMC's trajectories): the
+- :class:`InPlaceLoop` (the quick path for NUTS's and HMC's blocks of transitions): the
   chunk is captured once with ``make_fx`` as a graph that updates the state *in place* and
   writes the all-done flag into a one-element buffer (:func:`trace_in_place`), compiled by
   Inductor in this process (``torch._inductor.standalone_compile``), and called from a
@@ -12,7 +12,7 @@ A chunk is ``chunk_size`` unrolled iterations of the state machine.
 - :class:`ChunkedLoop`: the chunk under ``torch.compile`` (``fullgraph=True``), fed its
   own outputs. NUTS's single transitions (``NUTS.sample``) use it, and
   :class:`InPlaceLoop` falls back to it where the chunk cannot be captured. With
-  ``compile=False`` it runs the same chunk eagerly, with the same results.
+  ``compile=False`` it runs every chunk eagerly, with the same results.
 - The lean executor (:mod:`.lean`) compiles the in-place graph with AOTInductor and drives
   it from C++.
 """

@@ -1,20 +1,36 @@
 """Hamiltonian Monte Carlo with a fixed number of leapfrog steps, as a per-leapfrog state machine.
 
 Chains may use different numbers of steps (a fixed trajectory length over per-chain step
-sizes); a chain that has taken its steps waits, frozen, for the others. The Metropolis
-correction happens in :func:`hmc_result`.
+sizes, :func:`trajectory_steps`); a chain that has taken its steps waits, frozen, for the
+others. :func:`metropolis` accepts or rejects the end point. One transition at a time
+(``HMC.sample``) starts with :func:`hmc_init`; blocks of transitions
+(:mod:`.hmc_block`) with :func:`hmc_start`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from .integrator import kinetic_energy, leapfrog, sample_momentum
+from .nuts import TransitionResult
+from .nuts_block import select
 
-__all__ = ["HMCRandomness", "HMCState", "hmc_draw_randomness", "hmc_init", "hmc_iteration"]
+DIVERGENCE_ENERGY = 1000.0  # an energy error above this marks a divergent trajectory
+
+__all__ = [
+    "HMCRandomness",
+    "HMCState",
+    "hmc_draw_randomness",
+    "hmc_start",
+    "hmc_init",
+    "hmc_iteration",
+    "trajectory_steps",
+    "metropolis",
+]
 
 
 class HMCRandomness(NamedTuple):
@@ -43,15 +59,35 @@ def hmc_draw_randomness(num_chains, dim, dtype, device=None) -> HMCRandomness:
     )
 
 
-def hmc_init(z, potential_energy, grad, momentum_noise, mass_sqrt, inverse_mass, num_steps):
-    r = sample_momentum(mass_sqrt, momentum_noise)
-    energy0 = potential_energy + kinetic_energy(inverse_mass, r)
-    steps = num_steps.clone()
+def hmc_start(z, potential_energy, grad, r, kinetic, num_steps) -> HMCState:
+    """A trajectory from ``z`` with momentum ``r`` of kinetic energy ``kinetic``."""
     return HMCState(
-        z.clone(), potential_energy.clone(), grad.clone(), energy0,
-        z.clone(), r, potential_energy.clone(), grad.clone(),
-        steps, torch.zeros_like(steps), steps <= 0,
+        z, potential_energy, grad, potential_energy + kinetic,
+        z, r, potential_energy, grad,
+        num_steps, torch.zeros_like(num_steps), num_steps <= 0,
     )  # fmt: skip
+
+
+def hmc_init(z, potential_energy, grad, momentum_noise, mass_sqrt, inverse_mass, num_steps):
+    """:func:`hmc_start` with momentum from ``momentum_noise``, in buffers of its own."""
+    r = sample_momentum(mass_sqrt, momentum_noise)
+    start = hmc_start(z, potential_energy, grad, r, kinetic_energy(inverse_mass, r), num_steps)
+    return HMCState(*(x.clone() for x in start))
+
+
+def trajectory_steps(
+    step_size: torch.Tensor,
+    num_steps: int | None,
+    trajectory_length: float | None,
+    max_steps: int,
+) -> torch.Tensor:
+    """Leapfrog steps per chain: ``num_steps``, or ``ceil(trajectory_length / step_size)``
+    within ``[1, max_steps]``."""
+    if num_steps is not None:
+        return torch.full(step_size.shape, num_steps, dtype=torch.int64, device=step_size.device)
+    # clamped before the cast: a tiny or nan step size would overflow int64 (nan: max_steps)
+    steps = torch.ceil(trajectory_length / step_size).nan_to_num(nan=max_steps)
+    return steps.clamp(1, max_steps).to(torch.int64)
 
 
 def hmc_iteration(
@@ -74,3 +110,22 @@ def hmc_iteration(
         torch.where(a1, s.num_steps + 1, s.num_steps),
         s.done | (active & ((steps_left <= 0) | bad)),
     )  # fmt: skip
+
+
+def metropolis(traj: HMCState, inverse_mass: torch.Tensor, u: torch.Tensor) -> TransitionResult:
+    """Accept a finished trajectory's end point with probability ``min(1, exp(-dH))``."""
+    energy = traj.pe + kinetic_energy(inverse_mass, traj.r)
+    delta = energy - traj.energy0
+    delta = torch.where(torch.isnan(delta), torch.full_like(delta, math.inf), delta)
+    accept_prob = torch.exp(torch.clamp(-delta, max=0.0))
+    accept = u < accept_prob
+    return TransitionResult(
+        select(accept, traj.z, traj.z0),
+        torch.where(accept, traj.pe, traj.pe0),
+        select(accept, traj.g, traj.g0),
+        torch.where(accept, energy, traj.energy0),
+        torch.zeros_like(traj.num_steps),
+        traj.num_steps,
+        accept_prob,
+        delta > DIVERGENCE_ENERGY,
+    )

@@ -11,16 +11,14 @@ same draws; the mass-matrix statistics are updated on the host from each block's
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from .adaptation import DualAveragingState
-from .hmc import HMCState, hmc_iteration
-from .integrator import kinetic_energy, sample_momentum, velocity
-from .nuts import TransitionResult
+from .hmc import HMCState, hmc_iteration, hmc_start, metropolis, trajectory_steps
+from .integrator import kinetic_energy, sample_momentum
 from .nuts_block import BlockOutputs, at, empty_outputs, finish_transitions, select
 
 __all__ = [
@@ -29,10 +27,7 @@ __all__ = [
     "draw_hmc_block_randomness",
     "init_hmc_block",
     "hmc_block_iteration",
-    "trajectory_steps",
 ]
-
-DIVERGENCE_ENERGY = 1000.0  # an energy error above this marks a divergent trajectory
 
 
 class HMCBlockRandomness(NamedTuple):
@@ -64,23 +59,7 @@ def draw_hmc_block_randomness(
     noise = torch.randn(C, T, D, dtype=dtype, device=device)
     accept_u = torch.rand(C, T, dtype=dtype, device=device)
     r = sample_momentum(mass_sqrt, noise)
-    kinetic = kinetic_energy(inverse_mass, r, velocity(inverse_mass, r))
-    return HMCBlockRandomness(r, kinetic, accept_u)
-
-
-def trajectory_steps(
-    step_size: torch.Tensor,
-    num_steps: int | None,
-    trajectory_length: float | None,
-    max_steps: int,
-) -> torch.Tensor:
-    """Leapfrog steps per chain: ``num_steps``, or ``ceil(trajectory_length / step_size)``
-    within ``[1, max_steps]``."""
-    if num_steps is not None:
-        return torch.full(step_size.shape, num_steps, dtype=torch.int64, device=step_size.device)
-    # clamped before the cast: a tiny or nan step size would overflow int64 (nan: max_steps)
-    steps = torch.ceil(trajectory_length / step_size).nan_to_num(nan=max_steps)
-    return steps.clamp(1, max_steps).to(torch.int64)
+    return HMCBlockRandomness(r, kinetic_energy(inverse_mass, r), accept_u)
 
 
 def init_hmc_block(z, potential_energy, grad, step_size, dual_averaging, t_limit, T):
@@ -107,25 +86,6 @@ def init_hmc_block(z, potential_energy, grad, step_size, dual_averaging, t_limit
     )
 
 
-def metropolis(traj: HMCState, inverse_mass: torch.Tensor, u: torch.Tensor) -> TransitionResult:
-    """Accept a finished trajectory's end point with probability ``min(1, exp(-dH))``."""
-    energy = traj.pe + kinetic_energy(inverse_mass, traj.r)
-    delta = energy - traj.energy0
-    delta = torch.where(torch.isnan(delta), torch.full_like(delta, math.inf), delta)
-    accept_prob = torch.exp(torch.clamp(-delta, max=0.0))
-    accept = u < accept_prob
-    return TransitionResult(
-        select(accept, traj.z, traj.z0),
-        torch.where(accept, traj.pe, traj.pe0),
-        select(accept, traj.g, traj.g0),
-        torch.where(accept, energy, traj.energy0),
-        torch.zeros_like(traj.num_steps),
-        traj.num_steps,
-        accept_prob,
-        delta > DIVERGENCE_ENERGY,
-    )
-
-
 def hmc_block_iteration(
     bs: HMCBlockState,
     rand: HMCBlockRandomness,
@@ -145,11 +105,7 @@ def hmc_block_iteration(
     # start a new trajectory where the previous one finished
     r, kinetic = at(rand.momentum, t_idx), at(rand.kinetic, t_idx)
     steps = trajectory_steps(bs.step_size, num_steps, trajectory_length, max_steps)
-    fresh = HMCState(
-        bs.z, bs.potential_energy, bs.grad, bs.potential_energy + kinetic,
-        bs.z, r, bs.potential_energy, bs.grad,
-        steps, torch.zeros_like(steps), steps <= 0,
-    )  # fmt: skip
+    fresh = hmc_start(bs.z, bs.potential_energy, bs.grad, r, kinetic, steps)
     starting = bs.need_init & ~bs.block_done
     traj = HMCState(*(select(starting, f, o) for f, o in zip(fresh, bs.traj)))
     traj = traj._replace(done=traj.done | bs.block_done)

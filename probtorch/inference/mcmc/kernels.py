@@ -24,14 +24,8 @@ from ..potential_hole import hole_value_and_grad
 from . import sampler_build
 from .adaptation import mass_sqrt_from_inverse, welford_update_batch
 from .executor import ChunkedLoop, InPlaceLoop, SplitLoop
-from .hmc import hmc_draw_randomness, hmc_init, hmc_iteration
-from .hmc_block import (
-    draw_hmc_block_randomness,
-    hmc_block_iteration,
-    init_hmc_block,
-    metropolis,
-    trajectory_steps,
-)
+from .hmc import hmc_draw_randomness, hmc_init, hmc_iteration, metropolis, trajectory_steps
+from .hmc_block import draw_hmc_block_randomness, hmc_block_iteration, init_hmc_block
 from .integrator import kinetic_energy, leapfrog, sample_momentum
 from .lean import TieredBuild, build_lean_loop
 from .nuts import (
@@ -96,20 +90,17 @@ def codegen_options(potential: Potential) -> dict:
     return {"cpp.enable_loop_tail_vec": False}
 
 
-_INTEGER_STATS = ("tree_depth", "num_steps")
+# dtype of each per-transition statistic where it is not the state's floating dtype
+_STAT_DTYPES = {"diverging": torch.bool, "tree_depth": torch.int64, "num_steps": torch.int64}
 
 
-def empty_stats(z: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-transition statistics of no transitions, ``(C, 0)`` each, in their dtypes
-    (``diverging`` bool, step counts int64, the rest ``z``'s), so that joining them to
-    others keeps those dtypes."""
+def empty_stats(z: torch.Tensor, n: int = 0) -> dict[str, torch.Tensor]:
+    """Uninitialized per-transition statistics for ``n`` transitions of ``z``'s chains,
+    ``(C, n)`` each, in their dtypes (``diverging`` bool, step counts int64, the rest
+    ``z``'s): with ``n = 0``, those of no transitions, which keep the dtypes when joined."""
     C = z.shape[0]
     return {
-        name: torch.zeros(C, 0, dtype=torch.bool, device=z.device)
-        if name == "diverging"
-        else torch.zeros(C, 0, dtype=torch.int64, device=z.device)
-        if name in _INTEGER_STATS
-        else z.new_zeros(C, 0)
+        name: torch.empty(C, n, dtype=_STAT_DTYPES.get(name, z.dtype), device=z.device)
         for name in STAT_NAMES
     }
 
@@ -393,7 +384,7 @@ class _HamiltonianKernel:
         C, D = state.z.shape
         T, device = self.block_size, state.z.device
         draws = state.z.new_empty(C, num_transitions, D)
-        stats: dict[str, torch.Tensor | None] = {name: None for name in STAT_NAMES}
+        stats = empty_stats(state.z, num_transitions)
         filled, reported, divergences = [0] * C, 0, 0
         remaining = torch.full((C,), num_transitions, dtype=torch.int64, device=device)
         flags = (torch.tensor(bool(adapt_step_size), device=device),)
@@ -410,8 +401,6 @@ class _HamiltonianKernel:
                     if k:
                         draws[c, filled[c] : filled[c] + k] = out["z"][c, :k]
                         for name in STAT_NAMES:
-                            if stats[name] is None:
-                                stats[name] = out[name].new_empty(C, num_transitions)
                             stats[name][c, filled[c] : filled[c] + k] = out[name][c, :k]
                         filled[c] += k
                 state = state._replace(
@@ -438,8 +427,7 @@ class _HamiltonianKernel:
         except KeyboardInterrupt:
             interrupted = True
         kept = min(filled)  # chains may be uneven after an interrupt
-        empty = empty_stats(state.z)
-        stats = {k: (v[:, :kept] if v is not None else empty[k]) for k, v in stats.items()}
+        stats = {k: v[:, :kept] for k, v in stats.items()}
         return SegmentResult(state, adapt, draws[:, :kept], stats, interrupted)
 
 
