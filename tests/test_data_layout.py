@@ -1,4 +1,5 @@
-"""Data matrices used only in matrix-vector products are passed with the long side contiguous."""
+"""Data matrices used only in matrix-vector or narrow matrix products are passed with the long
+side contiguous."""
 
 import pytest
 import torch
@@ -28,11 +29,14 @@ def _tall(n=300, d=6, seed=0):
         (lambda X, b: X[torch.arange(5)] @ b, False),  # a minibatch gathered from its rows
         (lambda X, b: (X @ b).sum() + X.sum(), False),  # also read elementwise
         (lambda X, b: X[:, :3] @ b[:3], False),  # a part of it
-        (lambda X, b: X @ torch.stack([b, b], -1), False),  # a product with several vectors
+        (lambda X, b: X @ torch.stack([b, b], -1), True),  # one vector per chain
+        (lambda X, b: torch.stack([b, b]) @ X.t(), True),  # the same, transposed
+        (lambda X, b: X @ b.unsqueeze(-1).expand(6, 17), False),  # a wide product
+        (lambda X, b: b.expand(17, 6) @ X.t(), False),
         (lambda X, b: b * 2, False),  # not read at all
     ],
 )
-def test_find_chooses_matrices_used_only_in_matrix_vector_products(fn, chosen):
+def test_find_chooses_matrices_used_only_in_matrix_vector_and_narrow_products(fn, chosen):
     X, b = _tall(), torch.ones(6, dtype=torch.float64)
     layout = DataLayout.find(fn, (X, b), {})
     assert layout.keys == ((("arg", 0),) if chosen else ())
@@ -113,3 +117,43 @@ def test_svi_passes_a_regression_design_column_major_with_the_same_results():
     with count_compiles() as later, torch.compiler.set_stance("fail_on_recompile"):
         compiled.run(6, X + 0.0, y, progress_bar=False)  # new data, same layout: no recompile
     assert later.graphs == 0
+
+
+def test_potential_lays_out_a_regression_design_for_its_chains_with_the_same_gradient():
+    from probtorch.inference.potential import Potential
+
+    X, y = _logreg_data()
+    potential = Potential(logreg, (X, y), compile=False)
+    assert potential.model_args[0] is X and X.stride() == (5, 1)  # the caller's, unchanged
+    assert potential._args[0].stride() == (1, 400) and torch.equal(potential._args[0], X)
+    z = torch.randn(3, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    value, grad = potential.value_and_grad(z)
+    logits = z @ X.T  # by hand: Normal(0, 1) prior, Bernoulli likelihood
+    expected = -(
+        torch.distributions.Normal(0.0, 1.0).log_prob(z).sum(-1)
+        + torch.distributions.Bernoulli(logits=logits).log_prob(y).sum(-1)
+    )
+    expected_grad = z - (y - torch.sigmoid(logits)) @ X
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-10)
+
+
+def test_nuts_on_a_laid_out_design_compiled_equals_eager_and_continues_without_compiling():
+    from probtorch.inference import MCMC, NUTS
+
+    X, y = _logreg_data()
+
+    def fit(compile):
+        mcmc = MCMC(NUTS(logreg, compile=compile), num_warmup=30, num_samples=20,
+                    num_chains=2, progress_bar=False, seed=5)  # fmt: skip
+        mcmc.run(X, y)
+        return mcmc
+
+    compiled, eager = fit(True), fit(False)
+    assert compiled.kernel.potential._args[0].stride() == (1, 400)
+    torch.testing.assert_close(
+        compiled.get_samples()["beta"], eager.get_samples()["beta"], rtol=1e-8, atol=1e-8
+    )
+    with count_compiles() as later:
+        compiled.run(X, y)  # the same arguments: continued, nothing new to compile
+    assert later.graphs == 0 and compiled.get_samples()["beta"].shape == (40, 5)

@@ -24,6 +24,7 @@ from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
 from ..validation import InvalidParameterError, torch_validation
 from .compile import compile_enabled, compile_fn
+from .data_layout import DataLayout
 from .init_strategies import init_to_uniform
 from .safe_linalg import nan_on_failure
 
@@ -236,6 +237,27 @@ class Potential:
         self._batched_value_and_grad = batched_value_and_grad
         self._value_and_grad = compile_fn(batched_value_and_grad, self.compiled)
         self._constrain = batched_constrain  # output only, not in a hot loop
+        # What the model is called with: the arguments, with data matrices that it only
+        # multiplies by narrow factors laid out for those products (the user's own stay in
+        # model_args, which a continued run compares by identity).
+        self._args, self._kwargs = self._laid_out_arguments()
+
+    def _laid_out_arguments(self) -> tuple[tuple, dict]:
+        """The model's arguments with the tensors that the potential's gradient uses only
+        as matrices of narrow products (a regression's design matrix times one column of
+        coefficients per chain) copied with their longer dimension contiguous
+        (:class:`~.data_layout.DataLayout`, found from one eager gradient of two chains at
+        the prototype's values)."""
+
+        def gradient(*args, **kwargs):
+            self._args, self._kwargs = args, kwargs
+            z = _pack_trace(self, self.prototype_trace).expand(2, self.dim)
+            with torch_validation(False):
+                self._batched_value_and_grad(z)
+
+        self._args, self._kwargs = self.model_args, self.model_kwargs
+        layout = DataLayout.find(gradient, self.model_args, self.model_kwargs)
+        return layout.apply(self.model_args, self.model_kwargs)
 
     @property
     def largest_numel(self) -> int:
@@ -312,14 +334,14 @@ class Potential:
         unconstrain = _Unconstrain(self.unpack(z), self._sites_by_name)
         log_joint = _LogJoint()
         with nan_on_failure(), log_joint, unconstrain:
-            self.model(*self.model_args, **self.model_kwargs)
+            self.model(*self._args, **self._kwargs)
         total = log_joint.total + unconstrain.log_det
         return -total
 
     def _single_constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         record = _Record()
         with nan_on_failure(), record, _Unconstrain(self.unpack(z), self._sites_by_name):
-            self.model(*self.model_args, **self.model_kwargs)
+            self.model(*self._args, **self._kwargs)
         return record.values
 
     def raw_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -368,7 +390,7 @@ class Potential:
         def run(z_chain):
             unconstrain = _Unconstrain(self.unpack(z_chain), self._sites_by_name)
             with nan_on_failure(), collect, unconstrain:
-                self.model(*self.model_args, **self.model_kwargs)
+                self.model(*self._args, **self._kwargs)
             return z_chain.sum()
 
         try:
@@ -408,7 +430,7 @@ class Potential:
         def single(latent):
             with torch_validation(False), nan_on_failure():
                 tr = trace(substitute(self.model, data=latent)).get_trace(
-                    *self.model_args, **self.model_kwargs
+                    *self._args, **self._kwargs
                 )
             return tr.log_likelihood()
 
@@ -433,7 +455,7 @@ class Potential:
         collect = _Collect()
         with torch_validation(False):
             with nan_on_failure(), collect, unconstrain:
-                self.model(*self.model_args, **self.model_kwargs)
+                self.model(*self._args, **self._kwargs)
             log_probs = {site.name: site_log_prob(site) for site in collect.sites}
             bad = [name for name, lp in log_probs.items() if not bool(torch.isfinite(lp).all())]
             total = -(sum(lp.sum() for lp in log_probs.values()) + unconstrain.log_det)
