@@ -198,6 +198,17 @@ _COSTLY = frozenset(
 )  # fmt: skip
 
 
+def _unexpanded(node: torch.fx.Node) -> torch.fx.Node:
+    """The input of an ``expand`` that only stretches dimensions of size 1 (a broadcast
+    operand, which elementwise ops broadcast again), else ``node``."""
+    if node.op == "call_function" and node.target is _aten.expand.default:
+        source = node.args[0]
+        if isinstance(source, torch.fx.Node) and isinstance(_val(source), torch.Tensor):
+            if _val(source).dim() == _val(node).dim():
+                return source
+    return node
+
+
 def _is_pointwise(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and torch.Tag.pointwise in getattr(node.target, "tags", ())
 
@@ -309,6 +320,15 @@ class OuterShortReduction(CustomGraphPass):
     10 dimensions, one core) the kernel holding the distances went from 115-135 to 37 us
     per call.
 
+    The gradient of those distances with respect to the points sums over the other point
+    of each pair, ``(w[..., :, :, None] * (X_i - X_j)).sum(-2)``: a sum over a dimension
+    that is not the last one, whose short last dimension Inductor vectorized (one vector of
+    8 of the 10 dimensions and a scalar tail, per pair). Such a sum gets the same treatment,
+    with the summed dimension kept next to last so that the vector runs along the last
+    remaining one (the 30 points); an operand broadcast by ``expand`` (the pair weights
+    over the dimensions) is moved before it is expanded. SAAS GP NUTS sampling, 4 chains,
+    one core: 6,640 -> 6,920 leapfrog steps per second (+4 %, 2-4 runs each).
+
     Example::
 
         >>> import torch
@@ -331,7 +351,7 @@ class OuterShortReduction(CustomGraphPass):
     max_nodes = 8
 
     def uuid(self) -> str:
-        return "probtorch.OuterShortReduction.v1"
+        return "probtorch.OuterShortReduction.v2"
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         order = {node: i for i, node in enumerate(graph.nodes)}
@@ -339,7 +359,7 @@ class OuterShortReduction(CustomGraphPass):
             if node.op == "call_function" and node.target is _aten.sum.dim_IntList:
                 self._rewrite(graph, node, order)
 
-    def _rewrite(self, graph: torch.fx.Graph, node: torch.fx.Node, order: dict) -> None:
+    def _rewrite(self, graph: torch.fx.Graph, node: torch.fx.Node, order_of: dict) -> None:
         source, out = node.args[0], _val(node)
         val = _val(source)
         if not (
@@ -356,21 +376,28 @@ class OuterShortReduction(CustomGraphPass):
         dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
         keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
         nd, size = val.dim(), val.shape[-1]
-        if dims is None or len(dims) != 1 or dims[0] % nd != nd - 1:
+        if dims is None or len(dims) != 1 or not 2 <= size <= self.max_size:
             return
-        if not (2 <= size <= self.max_size and val.shape[-2] >= 8):
-            return
-        if val.numel() // size < self.min_results:
+        summed = dims[0] % nd
+        if summed == nd - 1:  # the short dimension itself: summed in the outer loop
+            order, vector_dim = [nd - 1, *range(nd - 1)], nd - 2
+        else:  # another one: kept before the vectorized (last remaining) dimension
+            others = [k for k in range(nd - 1) if k != summed]
+            if not others:
+                return
+            order, vector_dim = [nd - 1, *others[:-1], summed, others[-1]], others[-1]
+        if val.shape[vector_dim] < 8 or val.numel() // val.shape[summed] < self.min_results:
             return
         expression, leaves = self._expression(source, val.shape)
         if expression is None:
             return
-        for leaf in leaves:
-            leaf_val = _val(leaf)
+        operands = {leaf: _unexpanded(leaf) for leaf in leaves}
+        for operand in operands.values():
+            operand_val = _val(operand)
             if not (
-                isinstance(leaf_val, torch.Tensor)
-                and leaf_val.dim() == nd
-                and leaf_val.numel() * self.min_factor <= val.numel()
+                isinstance(operand_val, torch.Tensor)
+                and operand_val.dim() == nd
+                and operand_val.numel() * self.min_factor <= val.numel()
             ):
                 return
         fake_mode = torch._guards.detect_fake_mode([val])
@@ -380,23 +407,24 @@ class OuterShortReduction(CustomGraphPass):
         from torch._prims_common import make_contiguous_strides_for
 
         emit = _emitter(graph, fake_mode)
-        front = [nd - 1, *range(nd - 1)]
+        kept = order if keepdim else [k for k in order if k != summed]
+        back = [kept.index(k) for k in range(nd) if keepdim or k != summed]
         with graph.inserting_before(node):
             moved = {}
-            for leaf in leaves:
-                view = emit(_aten.permute.default, leaf, front)
+            for leaf, operand in operands.items():
+                view = emit(_aten.permute.default, operand, order)
                 strides = make_contiguous_strides_for(_val(view).shape)
                 moved[leaf] = emit(force_stride_order, view, list(strides))
-            for part in sorted(expression, key=order.__getitem__):
+            for part in sorted(expression, key=order_of.__getitem__):
                 args = torch.fx.map_arg(part.args, lambda x: moved[x])
                 kwargs = torch.fx.map_arg(part.kwargs, lambda x: moved[x])
                 moved[part] = emit(part.target, *args, **kwargs)
-            result = emit(_aten.sum.dim_IntList, moved[source], [0], keepdim)
-            if keepdim:
-                result = emit(_aten.permute.default, result, [*range(1, nd), 0])
+            result = emit(_aten.sum.dim_IntList, moved[source], [order.index(summed)], keepdim)
+            if back != list(range(len(back))):
+                result = emit(_aten.permute.default, result, back)
         node.replace_all_uses_with(result)
         graph.erase_node(node)
-        for part in sorted(expression, key=order.__getitem__, reverse=True):
+        for part in sorted(expression, key=order_of.__getitem__, reverse=True):
             if not part.users:  # the expression was the sum's alone
                 graph.erase_node(part)
 
