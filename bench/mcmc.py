@@ -482,8 +482,9 @@ def run_probtorch(model, cfg):
     # machine / after another model built the sampler graph (MACHINE_PREBUILD);
     # "vectorized-auto-machine": the default executor="auto" after that build
     # "sequential" / "sequential-<executor>": chain_method="sequential"
+    # (the "-cached" / "-machine" suffixes say what ran before, not the executor)
     chain_method, _, executor = cfg["variant"].partition("-")
-    kw["executor"] = executor or "quick"
+    kw["executor"] = executor.split("-")[0] or "quick"
     mcmc = MCMC(
         NUTS(fn, **kw),
         num_warmup=cfg["num_warmup"],
