@@ -157,3 +157,49 @@ def test_nuts_on_a_laid_out_design_compiled_equals_eager_and_continues_without_c
     with count_compiles() as later:
         compiled.run(X, y)  # the same arguments: continued, nothing new to compile
     assert later.graphs == 0 and compiled.get_samples()["beta"].shape == (40, 5)
+
+
+def test_a_tensor_passed_twice_gets_one_copy():
+    X, b = _tall(), torch.ones(6, dtype=torch.float64)
+    layout = DataLayout.find(lambda A, B, b: A @ b + B @ b, (X, X, b), {})
+    assert layout.keys == (("arg", 0), ("arg", 1))
+    (first, second, _), _ = layout.apply((X, X, b), {})
+    assert first is second and first.stride() == (1, 300)
+
+
+def test_nuts_draws_with_and_without_the_layout_agree(monkeypatch):
+    from probtorch.inference import MCMC, NUTS
+
+    X, y = _logreg_data()
+
+    def fit():
+        mcmc = MCMC(NUTS(logreg, compile=False), num_warmup=30, num_samples=20,
+                    num_chains=2, progress_bar=False, seed=5)  # fmt: skip
+        mcmc.run(X, y)
+        return mcmc
+
+    laid_out = fit()
+    monkeypatch.setattr(DataLayout, "find", classmethod(lambda cls, *a: cls()))
+    plain = fit()
+    assert plain.kernel.potential._args[0] is X
+    torch.testing.assert_close(
+        laid_out.get_samples()["beta"], plain.get_samples()["beta"], rtol=1e-8, atol=1e-8
+    )
+
+
+def test_data_changed_in_place_is_not_continued_from_the_old_copy():
+    from probtorch.inference import MCMC, NUTS
+
+    X, y = _logreg_data()
+    mcmc = MCMC(NUTS(logreg, compile=False), num_warmup=20, num_samples=10,
+                num_chains=2, progress_bar=False, seed=1)  # fmt: skip
+    mcmc.run(X, y)
+    first = mcmc.kernel.potential
+    assert first.arguments_unchanged()
+    mcmc.run(X, y)  # the same data: continued with the same potential
+    assert mcmc.kernel.potential is first
+    X.mul_(0.0)  # the design changed in place: the copy is stale
+    assert not first.arguments_unchanged()
+    mcmc.run(X, y)
+    assert mcmc.kernel.potential is not first
+    assert torch.equal(mcmc.kernel.potential._args[0], torch.zeros_like(X))

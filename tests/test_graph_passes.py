@@ -400,6 +400,24 @@ def test_pairwise_sums_over_points_keep_a_short_last_dimension_out_of_the_vector
 @pytest.mark.parametrize(
     "fn,shape",
     [
+        # every operand stretched by expand along a dimension: without the expand the
+        # expression would lose that dimension, so the sum is left as it is
+        (lambda x: (x.expand(4, 30, 30, 10) * 2).sum(1), (4, 30, 1, 10)),
+        (lambda w: w.unsqueeze(-1).expand(4, 30, 30, 10).exp().sum(-1), (4, 30, 30)),
+    ],
+)
+def test_sums_of_operands_all_stretched_by_expand_are_left_alone_and_right(fn, shape):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    before = _short_sums(gm)
+    _run_pass(OuterShortReduction(), gm)
+    assert _short_sums(gm) == before
+    torch.testing.assert_close(gm(x), fn(x), rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "fn,shape",
+    [
         (lambda X: _squared_distances(X), (4, 30, 32)),  # a long last dimension: vectors fit it
         (lambda X: _squared_distances(X), (4, 6, 10)),  # 6 x 6 results a chain: too few
         (lambda X: X.pow(2).sum(-1), (4, 30, 10)),  # not broadcast: a copy costs the sum

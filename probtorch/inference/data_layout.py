@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -122,7 +123,8 @@ class DataLayout:
 
     @classmethod
     def find(cls, fn: Callable, args: tuple, kwargs: dict) -> DataLayout:
-        """Run ``fn(*args, **kwargs)`` once (no gradients, torch's generator state kept)
+        """Run ``fn(*args, **kwargs)`` once (no gradients, torch's generator states kept,
+        warnings silenced)
         and choose the arguments it uses only as the matrix of matrix-vector products or
         as a factor of narrow matrix products."""
         candidates = {("arg", i): a for i, a in enumerate(args) if _short_side_contiguous(a)}
@@ -130,9 +132,12 @@ class DataLayout:
         if not candidates:
             return cls()
         recorder = _UseRecorder(candidates)
+        devices = sorted({t.get_device() for t in candidates.values() if t.device.type == "cuda"})
         try:
-            with torch.random.fork_rng(devices=[]), torch.no_grad(), recorder:
-                fn(*args, **kwargs)
+            with torch.random.fork_rng(devices=devices), torch.no_grad(), recorder:
+                with warnings.catch_warnings():  # a probe: what it warns of, a real run says
+                    warnings.simplefilter("ignore")
+                    fn(*args, **kwargs)
         except Exception:  # a layout hint only: any failure keeps the user's layout
             return cls()
         return cls(sorted(recorder.matvec - recorder.other, key=str))
@@ -141,19 +146,24 @@ class DataLayout:
         """``(args, kwargs)`` with the chosen tensors replaced by re-laid-out copies.
 
         One copy per chosen argument is kept and reused while the argument is the same
-        tensor, unchanged (same object, same version counter). An argument that already has
+        tensor, unchanged (same object, same version counter); a tensor passed as several
+        arguments gets one copy. An argument that already has
         the fast layout, is not a tensor of the kind chosen, or is larger than
         ``_MAX_COPY_BYTES`` (the copy would double its memory) is passed as it is.
         """
         if not self.keys:
             return args, kwargs
         args, kwargs = list(args), dict(kwargs)
+        made: dict = {}  # id(tensor) -> its copy: a tensor passed twice gets one copy
         for key in self.keys:
             kind, where = key
             box = args if kind == "arg" else kwargs
             if (kind == "arg" and where >= len(box)) or (kind == "kwarg" and where not in box):
                 continue
-            box[where] = self._copy(key, box[where])
+            given = box[where]
+            if id(given) not in made:
+                made[id(given)] = self._copy(key, given)
+            box[where] = made[id(given)]
         return tuple(args), kwargs
 
     def _copy(self, key, t):

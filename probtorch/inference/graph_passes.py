@@ -400,6 +400,10 @@ class OuterShortReduction(CustomGraphPass):
                 and operand_val.numel() * self.min_factor <= val.numel()
             ):
                 return
+        # unexpanded operands must still make the expression's shape (where every operand
+        # was stretched along a dimension, the expanded one stays: then it is too large)
+        if torch.broadcast_shapes(*(_val(o).shape for o in operands.values())) != val.shape:
+            return
         fake_mode = torch._guards.detect_fake_mode([val])
         if fake_mode is None:
             return

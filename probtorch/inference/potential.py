@@ -241,6 +241,12 @@ class Potential:
         # multiplies by narrow factors laid out for those products (the user's own stay in
         # model_args, which a continued run compares by identity).
         self._args, self._kwargs = self._laid_out_arguments()
+        self._versions = _versions(self.model_args, self.model_kwargs)
+
+    def arguments_unchanged(self) -> bool:
+        """Whether no tensor argument was changed in place since the potential was made
+        (the laid-out copies would then hold old values)."""
+        return _versions(self.model_args, self.model_kwargs) == self._versions
 
     def _laid_out_arguments(self) -> tuple[tuple, dict]:
         """The model's arguments with the tensors that the potential's gradient uses only
@@ -610,6 +616,16 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
                 )
         rows.append(_pack_trace(potential, tr))  # a start on a boundary: _check_finite
     return torch.stack(rows).detach()
+
+
+def _versions(args: tuple, kwargs: dict) -> list:
+    """The version counters of the tensors among ``args`` and ``kwargs`` (None for a tensor
+    made in inference mode, which has none)."""
+    versions = []
+    for x in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(x, torch.Tensor):
+            versions.append(None if x.is_inference() else x._version)
+    return versions
 
 
 def _pack_trace(potential: Potential, tr: Trace) -> torch.Tensor:

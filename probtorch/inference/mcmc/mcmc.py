@@ -394,11 +394,13 @@ def _interrupt_note(phase: str, draws: torch.Tensor) -> str:
 
 
 def _same_args(potential, args, kwargs) -> bool:
+    """The same argument objects as the potential's, none changed in place since."""
     return (
         len(args) == len(potential.model_args)
         and all(a is b for a, b in zip(args, potential.model_args))
         and kwargs.keys() == potential.model_kwargs.keys()
         and all(kwargs[k] is potential.model_kwargs[k] for k in kwargs)
+        and potential.arguments_unchanged()
     )
 
 
