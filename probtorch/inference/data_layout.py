@@ -124,9 +124,8 @@ class DataLayout:
     @classmethod
     def find(cls, fn: Callable, args: tuple, kwargs: dict) -> DataLayout:
         """Run ``fn(*args, **kwargs)`` once (no gradients, torch's generator states kept,
-        warnings silenced)
-        and choose the arguments it uses only as the matrix of matrix-vector products or
-        as a factor of narrow matrix products."""
+        warnings silenced) and choose the arguments it uses only as the matrix of
+        matrix-vector products or as a factor of narrow matrix products."""
         candidates = {("arg", i): a for i, a in enumerate(args) if _short_side_contiguous(a)}
         candidates.update({("kwarg", k): v for k, v in kwargs.items() if _short_side_contiguous(v)})
         if not candidates:
