@@ -378,3 +378,24 @@ def test_kept_scalar_graph_loads_its_kernels_with_its_own_options(cache_dir, mon
     for a, b in zip(got, _eager(4, 7, dtype)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert seen and set(seen) == {1}, seen
+
+
+def test_a_graph_kept_where_sizes_coincide_serves_sizes_that_differ(cache_dir, monkeypatch):
+    """Built where the chains equal the dimensions, the kept graph still tells them apart:
+    compiled on the trace's symbolic inputs, not on real ones (to which Inductor gave equal
+    sizes one symbol: another model's run then indexed one size by the other)."""
+    dtype = torch.float64
+    first = SplitLoop(_descent(hole_value_and_grad), _quadratic(3, dtype), graph_name="descent")
+    first(_start(3, 3, dtype), *_args(3, dtype))
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("the kept sampler graph was traced again")
+
+    monkeypatch.setattr(executor, "trace_in_place", no_trace)
+    for C, D in [(4, 2), (2, 11), (5, 5)]:
+        loop = SplitLoop(_descent(hole_value_and_grad), _quadratic(D, dtype), graph_name="descent")
+        got = loop(_start(C, D, dtype), *_args(C, dtype))
+        expected = _eager(C, D, dtype)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert len(_entries(cache_dir)) == 1

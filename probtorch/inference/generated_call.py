@@ -72,6 +72,23 @@ def _nothing() -> None:
     pass
 
 
+def _graph_fakes(gm: torch.fx.GraphModule) -> list:
+    """The fake inputs of ``gm`` (traced with symbolic sizes), for ``standalone_compile``'s
+    ``"from_graph"``: compiled on them, in the trace's fake mode, every size keeps its
+    trace's symbol and every guard the compile adds (Inductor's choices by size: "fewer
+    than 32 chains", say) lands in the trace's ``ShapeEnv``, where a kept graph's guards
+    are read from (:func:`probtorch.inference.mcmc.sampler_cache.save`). Given real
+    inputs, the compile would make sizes of its own in a ``ShapeEnv`` of its own, and give
+    sizes that happen to be equal one symbol. ``standalone_compile`` finds the trace's
+    fake mode from the outputs' ``example_value``, which ``make_fx`` does not set."""
+    output = next(iter(reversed(gm.graph.nodes)))
+    outputs = output.args[0]
+    for node in [outputs] if isinstance(outputs, torch.fx.Node) else outputs:
+        if isinstance(node, torch.fx.Node) and "val" in node.meta:
+            node.meta.setdefault("example_value", node.meta["val"])
+    return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+
+
 def compile_graph(
     gm: torch.fx.GraphModule,
     example: list,
@@ -99,9 +116,10 @@ def compile_graph(
     from .compile import note_direct_compile
 
     loaded = len(PyCodeCache.modules)
+    inputs = _graph_fakes(gm) if dynamic_shapes == "from_graph" else example
     with combined_cpp_kernels():
         compiled = torch._inductor.standalone_compile(
-            gm, example, dynamic_shapes=dynamic_shapes, options=options
+            gm, inputs, dynamic_shapes=dynamic_shapes, options=options
         )
     note_direct_compile()
     if on_compiled is not None:
@@ -547,9 +565,7 @@ class CallTape:
             note(p)
         ops = [step for step in self._steps if step[0] == "op"]
         return {
-            j: step[4][2]
-            for j, step in enumerate(ops)
-            if step[4] is not None and j not in returned
+            j: step[4][2] for j, step in enumerate(ops) if step[4] is not None and j not in returned
         }
 
     def _out_buffers(self) -> dict[int, tuple]:
@@ -738,6 +754,7 @@ def _out_plan(func, args, kwargs, result) -> tuple | None:
         names = [a.name for a in arguments if a.is_out]
         if len(names) != len(results) or [a.name for a in arguments if not a.is_out] != inputs:
             continue
+
         def into(buffers, overload=overload, names=names):
             overload(*args, **kwargs, **dict(zip(names, buffers)))
 
