@@ -830,8 +830,13 @@ def test_inference_runs_with_one_intra_op_thread(monkeypatch):
     torch.set_num_threads(3)
     seen.clear()
     y = torch.tensor([0.3, -0.1, 0.5])
-    mcmc = MCMC(NUTS(known_noise_model, compile=False), num_warmup=5, num_samples=5, seed=0,
-                progress_bar=False)
+    mcmc = MCMC(
+        NUTS(known_noise_model, compile=False),
+        num_warmup=5,
+        num_samples=5,
+        seed=0,
+        progress_bar=False,
+    )
     try:
         mcmc.run(y)
         assert seen == [1, 3] and torch.get_num_threads() == 3
@@ -969,3 +974,68 @@ def test_dense_mass_blocks_errors(dense_mass, error, match):
     with pytest.raises(error, match=match):
         MCMC(NUTS(_blocks_model, dense_mass=dense_mass, compile=False), num_warmup=1,
              num_samples=1, progress_bar=False).run()  # fmt: skip
+
+
+def _regression(x, y):
+    w = pt.sample("w", dist.Normal(0.0, 5.0))
+    with pt.plate("n", x.shape[0]):
+        pt.sample("y", dist.Normal(w * x, 0.3), obs=y)
+
+
+def _regression_data():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(30, generator=g, dtype=torch.float64)
+    return x, 2.0 * x + 0.3 * torch.randn(30, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_second_run_on_other_data_warms_up_anew(in_place):
+    """The state a run leaves is continued only with the same arguments: on new data (a
+    new tensor, or the same one changed in place) the next run warms up anew, as a fresh
+    MCMC does (before, it sampled from the old data's chains and energies: every
+    transition diverged and the chains stayed at the old posterior)."""
+    x, y = _regression_data()
+    mcmc = _mcmc(_regression, num_warmup=100, num_samples=100)
+    mcmc.run(x, y.clone() if in_place else y)
+    other = -y
+    if in_place:
+        other = mcmc.kernel.potential.model_args[1]
+        other.mul_(-1)
+    mcmc.run(x, other)
+    fresh = _mcmc(_regression, num_warmup=100, num_samples=100)
+    fresh.run(x, -y)
+    assert torch.equal(mcmc.get_samples()["w"], fresh.get_samples()["w"])
+    assert not mcmc.get_extra_fields()["diverging"].any()
+    assert float(mcmc.get_samples()["w"].mean()) == pytest.approx(-2.0, abs=0.1)
+
+
+def test_a_state_set_by_the_user_continues_on_other_data_at_its_new_energy():
+    """``post_warmup_state`` set by hand (or by ``warmup``) is continued on other data of
+    the same shapes: no warmup, the adapted step size, and the potential energy and
+    gradient at its positions computed under the new data."""
+    x, y = _regression_data()
+    mcmc = _mcmc(_regression, num_warmup=100, num_samples=200)
+    mcmc.warmup(x, y)
+    step = mcmc.post_warmup_state.step_size.clone()
+    mcmc.run(x, -y, extra_fields=("step_size",))
+    start = mcmc.post_warmup_state
+    energy, grad = mcmc.kernel.potential.raw_value_and_grad(start.z)
+    torch.testing.assert_close(start.potential_energy, energy, rtol=0, atol=0)
+    torch.testing.assert_close(start.grad, grad, rtol=0, atol=0)
+    torch.testing.assert_close(mcmc.get_extra_fields(group_by_chain=True)["step_size"][:, 0], step)
+    assert not mcmc.get_extra_fields()["diverging"].any()
+    assert float(mcmc.get_samples(True)["w"][:, 100:].mean()) == pytest.approx(-2.0, abs=0.1)
+
+    # where the new data give the chains' positions no finite energy, a clear error
+    bounded = _mcmc(_bounded_regression, num_warmup=100, num_samples=20)
+    bounded.warmup(x, y, torch.tensor(100.0))
+    with pytest.raises(ValueError, match=r"post_warmup_state: under this run's arguments.*"
+                       r"not finite.*chain\(s\) \[0, 1\].*\['w'\]"):  # fmt: skip
+        bounded.run(x, y, torch.tensor(1.0))  # the chains are near w = 2
+
+
+def _bounded_regression(x, y, upper):
+    w = pt.sample("w", dist.Normal(0.0, 5.0))
+    pt.factor("below", torch.where(w < upper, 0.0, -math.inf))
+    with pt.plate("n", x.shape[0]):
+        pt.sample("y", dist.Normal(w * x, 0.3), obs=y)

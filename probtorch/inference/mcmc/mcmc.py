@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from ...validation import torch_validation
 from ..compile import inference_threads
 from .diagnostics import summary_table, to_inference_data
 from .kernels import STAT_NAMES, SamplerState, empty_stats
@@ -80,7 +81,10 @@ class MCMC:
         self.chain_method = chain_method
         self.progress_bar = progress_bar
         self.seed = seed
-        self.post_warmup_state: SamplerState | None = None
+        self._post_warmup_state: SamplerState | None = None
+        # whether post_warmup_state was left by run() (not by warmup() or the user): such a
+        # state is continued only with the same arguments
+        self._warm_left_by_run = False
         self.last_state: SamplerState | None = None
         self._samples: dict[str, torch.Tensor] | None = None  # (C, S, ...)
         self._stats: dict[str, torch.Tensor] | None = None  # (C, S)
@@ -89,6 +93,16 @@ class MCMC:
         self._model_kwargs: dict = {}
         self.interrupted = False
 
+    @property
+    def post_warmup_state(self) -> SamplerState | None:
+        """The adapted chains at the start of sampling (None: the next run warms up)."""
+        return self._post_warmup_state
+
+    @post_warmup_state.setter
+    def post_warmup_state(self, state: SamplerState | None) -> None:
+        self._post_warmup_state = state
+        self._warm_left_by_run = False
+
     # -- running ------------------------------------------------------------------------
     def run(self, *args, init_params: dict | None = None, extra_fields=(), **kwargs) -> None:
         """Warm up (unless continuing from ``post_warmup_state``) and draw samples.
@@ -96,10 +110,15 @@ class MCMC:
         ``init_params`` are constrained initial values per latent site (each with the
         site's shape, or with a leading ``num_chains`` dimension). After a run,
         ``post_warmup_state`` holds the adapted chains at the start of sampling, so a
-        second ``run`` samples again from there without warming up (set it to None for a
-        new warmup, e.g. from other ``init_params``); setting ``mcmc.post_warmup_state =
-        mcmc.last_state`` continues the chains where they stopped. A continued run draws
-        a random stream of its own (from the seed and the state).
+        second ``run`` with the same arguments samples again from there without warming
+        up (set it to None for a new warmup, e.g. from other ``init_params``). A run with
+        other arguments (new data, or data changed in place) warms up anew, as in NumPyro
+        and Pyro. Setting ``mcmc.post_warmup_state = mcmc.last_state`` continues the
+        chains where they stopped, and a state you set (or :meth:`warmup` left) is
+        continued even with other arguments of the same shapes: the chains keep their
+        positions, step sizes and metric, and their potential energy and gradient are
+        computed under the new arguments. A continued run draws a random stream of its
+        own (from the seed and the state).
 
         Ctrl-C keeps the transitions finished so far, with a warning; chains are cut to the
         shortest, so ``last_state`` may lie a few transitions past a chain's last kept draw.
@@ -159,7 +178,11 @@ class MCMC:
             )
         self._model_args, self._model_kwargs = args, kwargs
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31, ()).item())
-        continuing = self.post_warmup_state is not None
+        given = self.post_warmup_state
+        potential = self.kernel.potential
+        if given is not None and self._warm_left_by_run and not _same_args(potential, args, kwargs):
+            given = None  # the previous run adapted to other data: warm up anew
+        continuing = given is not None
         if continuing and init_params is not None:
             raise ValueError(
                 "init_params would be ignored: this run continues from post_warmup_state (set "
@@ -170,9 +193,8 @@ class MCMC:
             # a continued run draws a stream of its own: restarting the seed's stream would
             # drive it with the same momenta as the run it continues (NumPyro carries its
             # key in the state for the same reason)
-            warm = self.post_warmup_state
-            torch.manual_seed(continuation_seed(seed, warm) if continuing else seed)
-            state = self._setup(args, kwargs, seed, init_params)
+            torch.manual_seed(continuation_seed(seed, given) if continuing else seed)
+            state = self._setup(args, kwargs, seed, init_params, given)
             phase = (continuing, warmup_only, collect_warmup)
             self.interrupted, self._interrupted_in = False, None
             self._problems = [0, 0, 0]  # sampling transitions, divergent, at max_tree_depth
@@ -193,8 +215,9 @@ class MCMC:
         if note:
             warnings.warn(note, stacklevel=3)
         if warm is not None and len(warm.z) != self.num_chains:  # chains dropped (sequential)
-            warm = self.post_warmup_state if continuing else None  # the given one still holds
+            warm = given  # the given one still holds (None when not continuing)
         self.post_warmup_state = warm
+        self._warm_left_by_run = not warmup_only
         self.last_state = state
         self._collect(draws, stats)
         problems = None if warmup_only else problems_message(self.kernel, *self._problems)
@@ -217,8 +240,9 @@ class MCMC:
             return done, where + f"the {len(done)} finished chain(s) of {full} draws{dropped}"
         return parts, where + f"{len(parts)} chain(s) of {kept} draws (the interrupted chain's)"
 
-    def _setup(self, args, kwargs, seed, init_params) -> SamplerState:
-        warm = self.post_warmup_state
+    def _setup(self, args, kwargs, seed, init_params, warm) -> SamplerState:
+        """The chains' state to start from: ``warm`` (a state to continue, or None) or a new
+        one from the kernel's set-up."""
         potential = self.kernel.potential
         if warm is not None and len(warm.z) != self.num_chains:
             raise ValueError(
@@ -234,9 +258,26 @@ class MCMC:
         if warm.z.shape != state.z.shape:
             raise ValueError(
                 f"post_warmup_state has shape {tuple(warm.z.shape)} but this run has "
-                f"{self.num_chains} chains of {state.z.shape[1]} dims"
+                f"{self.num_chains} chains of {state.z.shape[1]} dims (its model or data "
+                f"differ); set mcmc.post_warmup_state = None for a new warmup"
             )
-        return warm
+        return self._at_new_arguments(warm)
+
+    def _at_new_arguments(self, warm: SamplerState) -> SamplerState:
+        """``warm`` with its potential energy and gradient computed by the kernel's (new)
+        potential: the ones kept were computed under other arguments."""
+        with torch_validation(False):
+            pe, grad = self.kernel.potential.raw_value_and_grad(warm.z)
+        bad = ~(torch.isfinite(pe) & torch.isfinite(grad).all(-1))
+        if bool(bad.any()):
+            chains = bad.nonzero().flatten().tolist()
+            raise ValueError(
+                f"post_warmup_state: under this run's arguments the potential energy or its "
+                f"gradient is not finite at the positions of chain(s) {chains} (sites "
+                f"{self.kernel.potential.site_names}); set mcmc.post_warmup_state = None "
+                f"for a new warmup"
+            )
+        return warm._replace(potential_energy=pe, grad=grad)
 
     def _run_chains(
         self,
