@@ -1039,3 +1039,34 @@ def _bounded_regression(x, y, upper):
     pt.factor("below", torch.where(w < upper, 0.0, -math.inf))
     with pt.plate("n", x.shape[0]):
         pt.sample("y", dist.Normal(w * x, 0.3), obs=y)
+
+
+def test_a_module_with_trainable_parameters_is_a_constant_of_the_compiled_sampler():
+    """``pt.module`` with parameters that require grad (as Pyro, MCMC holds them fixed):
+    the compiled quick path takes them as constants, without falling back, and draws
+    what the eager sampler draws (before, the folded constants kept autograd history and
+    the compile failed, then the fallback failed too)."""
+    feature = torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        feature.weight.fill_(2.0)
+        feature.bias.fill_(0.5)
+    x = torch.linspace(-1.0, 1.0, 10).unsqueeze(-1)
+    y = 0.7 * (2.0 * x[:, 0] + 0.5) + 0.1 * torch.linspace(-1.0, 1.0, 10).sin()
+
+    def model(x, y):
+        w = pt.sample("w", dist.Normal(0.0, 1.0))
+        h = pt.module("feature", feature)(x)[:, 0]
+        with pt.plate("n", 10):
+            pt.sample("y", dist.Normal(w * h, 0.1), obs=y)
+
+    draws = []
+    for compile in (True, False):
+        mcmc = MCMC(NUTS(model, compile=compile, executor="quick"), num_warmup=50,
+                    num_samples=50, num_chains=2, progress_bar=False, seed=0)  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mcmc.run(x, y)
+        assert not [str(w.message) for w in caught if "could not" in str(w.message)]
+        draws.append(mcmc.get_samples()["w"])
+    torch.testing.assert_close(draws[0], draws[1], rtol=1e-10, atol=1e-10)
+    assert feature.weight.requires_grad and float(feature.weight) == 2.0

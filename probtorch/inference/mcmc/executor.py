@@ -219,12 +219,13 @@ def _fold_constants(gm: torch.fx.GraphModule) -> None:
         args, kwargs = pytree.tree_map(
             lambda a: constants[a] if isinstance(a, torch.fx.Node) else a, (node.args, node.kwargs)
         )
-        value = node.target(*args, **kwargs)
+        with torch.no_grad():  # a module's trained parameters are constants here
+            value = node.target(*args, **kwargs)
         if not isinstance(value, torch.Tensor):
             continue
         name = f"_probtorch_folded_{count}"
         count += 1
-        gm.register_buffer(name, value.clone())
+        gm.register_buffer(name, value.detach().clone())
         with gm.graph.inserting_before(node):
             folded = gm.graph.get_attr(name)
         node.replace_all_uses_with(folded)

@@ -122,7 +122,11 @@ def _fingerprint(gm: torch.fx.GraphModule, inputs: list, key: str) -> str:
             value = getattr(gm, node.target)
             if isinstance(value, torch.Tensor):
                 h.update(node.target.encode())
-                h.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+                # copied into a new buffer: contiguous() keeps a stretched size-1 dimension's
+                # stride 0, which the byte view refuses
+                flat = torch.empty(value.numel(), dtype=value.dtype)
+                flat.copy_(value.detach().reshape(-1))
+                h.update(flat.view(torch.uint8).numpy())
     return h.hexdigest()[:24]
 
 
