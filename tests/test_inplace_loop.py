@@ -68,7 +68,12 @@ def test_in_place_loop_takes_strided_state_and_arguments():
     start = _start()._replace(x=torch.linspace(-1, 1, 12).reshape(4, 3).t())
     expected = ChunkedLoop(_walk, compiled=False)(start, noise, limit)
     out = InPlaceLoop(_walk)(start, noise, limit)
-    assert all(torch.equal(a, b) for a, b in zip(out, expected))
+    # the compiled tanh is vectorized (Sleef): on some CPUs (AVX-512) one ulp from eager's
+    for a, b in zip(out, expected):
+        if a.is_floating_point():
+            torch.testing.assert_close(a, b, rtol=4e-7, atol=1e-7)
+        else:
+            assert torch.equal(a, b)
 
 
 def test_in_place_loop_compiles_once_per_signature():
