@@ -1069,4 +1069,4 @@ def test_a_module_with_trainable_parameters_is_a_constant_of_the_compiled_sample
         assert not [str(w.message) for w in caught if "could not" in str(w.message)]
         draws.append(mcmc.get_samples()["w"])
     torch.testing.assert_close(draws[0], draws[1], rtol=1e-10, atol=1e-10)
-    assert feature.weight.requires_grad and float(feature.weight) == 2.0
+    assert feature.weight.requires_grad and float(feature.weight.detach()) == 2.0
