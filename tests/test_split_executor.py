@@ -103,19 +103,29 @@ def _assert_one_program(split: SplitLoop):
     assert call is not None and call.func is call_program._runner[0]
 
 
-def test_sampler_graph_is_kept_and_serves_other_sizes(cache_dir, monkeypatch):
-    """A second loop (another model's gradient, other chains and dimensions) loads the
-    kept graph: no trace, one entry on disk, the eager results."""
-    dtype = torch.float64
-    first = SplitLoop(_descent(hole_value_and_grad), _quadratic(5, dtype), graph_name="descent")
-    first(_start(3, 5, dtype), *_args(3, dtype))
-    assert len(_entries(cache_dir)) == 1
+def _forbid_tracing(monkeypatch, what="kept"):
+    """Make any further trace of a sampler graph fail the test."""
 
     def no_trace(*args, **kwargs):
-        raise AssertionError("the kept sampler graph was traced again")
+        raise AssertionError(f"the {what} sampler graph was traced again")
 
     monkeypatch.setattr(executor, "trace_in_place", no_trace)
-    for C, D in [(3, 7), (4, 2), (2, 11)]:
+
+
+@pytest.mark.parametrize("first_size", [(3, 5), (3, 3)])
+def test_sampler_graph_is_kept_and_serves_other_sizes(first_size, cache_dir, monkeypatch):
+    """A second loop (another model's gradient, other chains and dimensions) loads the
+    kept graph: no trace, one entry on disk, the eager results. Built where the chains
+    equal the dimensions, the graph still tells them apart: it is compiled on its trace's
+    symbolic inputs (on real ones, Inductor gave equal sizes one symbol, and another
+    model's run indexed one size by the other: heap corruption)."""
+    dtype = torch.float64
+    C0, D0 = first_size
+    first = SplitLoop(_descent(hole_value_and_grad), _quadratic(D0, dtype), graph_name="descent")
+    first(_start(C0, D0, dtype), *_args(C0, dtype))
+    assert len(_entries(cache_dir)) == 1
+    _forbid_tracing(monkeypatch)
+    for C, D in [(3, 7), (4, 2), (2, 11), (5, 5)]:
         loop = SplitLoop(_descent(hole_value_and_grad), _quadratic(D, dtype), graph_name="descent")
         got = loop(_start(C, D, dtype), *_args(C, dtype))
         expected = _eager(C, D, dtype)
@@ -199,10 +209,7 @@ def test_auto_builds_the_sampler_graph_in_the_background_then_takes_the_split_pa
     assert build.wait(timeout=600) == 0, open(log).read()
     assert sampler_cache.is_kept(build.path) and not os.path.exists(log)
 
-    def no_trace(*args, **kwargs):
-        raise AssertionError("the kept sampler graph was traced again")
-
-    monkeypatch.setattr(executor, "trace_in_place", no_trace)
+    _forbid_tracing(monkeypatch)
     draws = {"auto, quick path": first, "auto, split path": _nuts_run(kernel, y)}
     loop = kernel._block_loop
     assert type(loop) is SplitLoop and loop._fallback is None
@@ -296,10 +303,7 @@ def test_a_prebuilt_sampler_graph_serves_the_first_model(cache_dir, monkeypatch)
     assert reports == [said + f"target_accept_prob 0.8: kept ({seconds:.1f} s)"]
     (entry,) = _entries(cache_dir)
 
-    def no_trace(*args, **kwargs):
-        raise AssertionError("the prebuilt sampler graph was traced again")
-
-    monkeypatch.setattr(executor, "trace_in_place", no_trace)
+    _forbid_tracing(monkeypatch, "prebuilt")
     model, y = _five_points_model()  # two latent scalars, float32, 2 chains: the setting above
     kernel = NUTS(model, executor="auto")
     draws = _nuts_run(kernel, y)
@@ -378,24 +382,3 @@ def test_kept_scalar_graph_loads_its_kernels_with_its_own_options(cache_dir, mon
     for a, b in zip(got, _eager(4, 7, dtype)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert seen and set(seen) == {1}, seen
-
-
-def test_a_graph_kept_where_sizes_coincide_serves_sizes_that_differ(cache_dir, monkeypatch):
-    """Built where the chains equal the dimensions, the kept graph still tells them apart:
-    compiled on the trace's symbolic inputs, not on real ones (to which Inductor gave equal
-    sizes one symbol: another model's run then indexed one size by the other)."""
-    dtype = torch.float64
-    first = SplitLoop(_descent(hole_value_and_grad), _quadratic(3, dtype), graph_name="descent")
-    first(_start(3, 3, dtype), *_args(3, dtype))
-
-    def no_trace(*args, **kwargs):
-        raise AssertionError("the kept sampler graph was traced again")
-
-    monkeypatch.setattr(executor, "trace_in_place", no_trace)
-    for C, D in [(4, 2), (2, 11), (5, 5)]:
-        loop = SplitLoop(_descent(hole_value_and_grad), _quadratic(D, dtype), graph_name="descent")
-        got = loop(_start(C, D, dtype), *_args(C, dtype))
-        expected = _eager(C, D, dtype)
-        for a, b in zip(got, expected):
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    assert len(_entries(cache_dir)) == 1
