@@ -211,19 +211,70 @@ def test_errors():
         Predictive(model, posterior_samples=bad)
     with pytest.raises(ValueError, match="not both"):
         Predictive(model, posterior_samples={"mu": torch.zeros(3)}, guide=lambda n: None)
-    with pytest.raises(ValueError, match="num_samples=5 but posterior_samples hold 3"):
-        Predictive(model, posterior_samples={"mu": torch.zeros(3)}, num_samples=5)
     with pytest.raises(ValueError, match="'mu'.*leading sample"):
         Predictive(model, posterior_samples={"mu": torch.tensor(0.0)})
+    with pytest.raises(ValueError, match=r"'mu'.*2 leading sample dimensions.*shape \(3,\)"):
+        Predictive(model, posterior_samples={"mu": torch.zeros(3)}, batch_ndims=2)
+    with pytest.raises(ValueError, match=r"'mu': \(2, 3\), 'tau': \(3, 3\)"):
+        Predictive(
+            model,
+            posterior_samples={"mu": torch.zeros(2, 3), "tau": torch.zeros(3, 3)},
+            batch_ndims=2,
+        )
+    with pytest.raises(ValueError, match="batch_ndims must be an integer >= 1"):
+        Predictive(model, posterior_samples={"mu": torch.zeros(3)}, batch_ndims=0)
+    with pytest.raises(ValueError, match="batch_ndims=2 applies to posterior_samples"):
+        Predictive(model, num_samples=3, batch_ndims=2)
+    with pytest.raises(TypeError, match="parallel must be True, False or None"):
+        Predictive(model, num_samples=3, parallel="yes")
+
+
+def test_num_samples_other_than_the_draws_warns_and_uses_the_draws():
+    """As in Pyro and NumPyro: the draws decide, with a warning."""
+    with pytest.warns(UserWarning, match="num_samples=5 but posterior_samples hold 3 draws"):
+        pred = Predictive(model, posterior_samples={"mu": torch.zeros(3)}, num_samples=5)
+    assert pred(2, seed=0)["y"].shape == (3, 2)
 
 
 def test_unbatchable_model_error_and_loop_fallback():
     X = torch.randn(5, 3)
     samples = {"beta": torch.randn(4, 3)}
     with pytest.raises(RuntimeError, match="parallel=False"):
-        Predictive(regression, posterior_samples=samples)(X, seed=0)
+        Predictive(regression, posterior_samples=samples, parallel=True)(X, seed=0)
     out = Predictive(regression, posterior_samples=samples, parallel=False)(X, seed=0)
     assert out["y"].shape == (4, 5)
+
+
+def test_matrix_times_vector_latent_runs_by_default():
+    """`X @ w` does not batch (X is (N, D), w gets (S, D)): the default loops instead of failing."""
+
+    def model(X, y=None):
+        w = pt.sample("w", dist.Normal(torch.zeros(X.shape[1]), 1.0).to_event(1))
+        b = pt.sample("b", dist.Normal(0.0, 1.0))
+        with pt.plate("data", X.shape[0]):
+            pt.deterministic("mean", X @ w + b)
+            pt.sample("y", dist.Normal(X @ w + b, 1e-6), obs=y)
+
+    X = torch.randn(20, 3)
+    samples = {"w": torch.randn(7, 3), "b": torch.randn(7)}
+    with pytest.raises(RuntimeError, match="parallel=True"):
+        Predictive(model, posterior_samples=samples, parallel=True)(X, seed=0)
+    out = Predictive(model, posterior_samples=samples)(X, seed=0)
+    expected = samples["w"] @ X.T + samples["b"][:, None]
+    torch.testing.assert_close(out["mean"], expected)
+    torch.testing.assert_close(out["y"], expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("parallel", [None, False])
+def test_draws_grouped_by_chain_keep_their_chain_dim(parallel):
+    """batch_ndims=2 takes (chains, draws, ...) samples, as NumPyro's Predictive does."""
+    mu = torch.arange(6.0).reshape(2, 3)
+    pred = Predictive(model, posterior_samples={"mu": mu}, batch_ndims=2, parallel=parallel)
+    out = pred(4, seed=0)
+    assert out["y"].shape == (2, 3, 4) and out["twice"].shape == (2, 3)
+    torch.testing.assert_close(out["twice"], 2 * mu)
+    flat = Predictive(model, posterior_samples={"mu": mu.reshape(6)}, parallel=parallel)(4, seed=0)
+    torch.testing.assert_close(out["y"].reshape(6, 4), flat["y"])
 
 
 def test_posterior_predictive_from_mcmc():

@@ -5,7 +5,7 @@ distribution instead; ``factor`` sites are left alone), and with its latent site
 substituted by posterior draws: given ones (e.g. ``MCMC.get_samples()``), or draws from a
 guide and its fitted params. With no draws at all it gives the prior predictive.
 
-Batching (``parallel=True``): the model runs once for all ``S`` samples, inside an outer
+Batching: the model runs once for all ``S`` samples, inside an outer
 plate of size ``S`` at batch dim ``-(max_plate_nesting + 1)``, where ``max_plate_nesting``
 (the most batch dims of any sample site, plates included) is read from one unbatched run.
 The model's own plates (automatic dims count from ``-1``) stay to the right of it. Each
@@ -14,7 +14,9 @@ site comes out with a shape that does not fit), it runs again with Pyro's layout
 vector latent ``w`` keeps shape ``(S, D)`` so that ``w @ X.T`` works. The model must
 broadcast over the extra dim (use plates; avoid ``.item()`` and reshapes of latent
 values). ``parallel=False`` runs the model once per sample in a Python loop and works for
-every model.
+every model (``X @ w`` with a vector latent ``w``, for one). The default, ``parallel=None``,
+batches where the model allows and otherwise runs the loop; ``parallel=True`` raises where
+the model does not batch.
 
 Randomness: ``predictive(*args, seed=0)`` is reproducible and leaves torch's global
 generator as it was. Without ``seed`` the run draws its seed from torch's global generator
@@ -24,6 +26,7 @@ generator as it was. Without ``seed`` the run draws its seed from torch's global
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -81,30 +84,37 @@ def _max_plate_nesting(tr: Trace) -> int:
     return nesting
 
 
-def _check_samples(posterior_samples: dict, num_samples: int | None) -> int:
+def _check_samples(posterior_samples: dict, num_samples: int | None, batch_ndims: int):
+    """The leading (sample) shape shared by all ``posterior_samples``."""
     if not isinstance(posterior_samples, dict) or not posterior_samples:
         raise ValueError("posterior_samples must be a non-empty dict {site: (S, ...) tensor}")
-    sizes = {}
+    shapes = {}
     for name, value in posterior_samples.items():
-        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        if not isinstance(value, torch.Tensor) or value.dim() < batch_ndims:
+            got = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
             raise ValueError(
-                f"posterior_samples[{name!r}] must be a tensor with a leading sample "
-                f"dimension, got {type(value).__name__}"
-                + (" of shape ()" if isinstance(value, torch.Tensor) else "")
+                f"posterior_samples[{name!r}] must be a tensor with {batch_ndims} leading "
+                f"sample dimension{'s' if batch_ndims > 1 else ''} (batch_ndims="
+                f"{batch_ndims}), got {type(value).__name__}{got}"
             )
-        sizes[name] = value.shape[0]
-    if len(set(sizes.values())) > 1:
-        shown = ", ".join(f"{name!r}: {size}" for name, size in sizes.items())
-        raise ValueError(
-            f"posterior_samples must all have the same leading (sample) dimension; got {shown}"
+        shapes[name] = tuple(value.shape[:batch_ndims])
+    if len(set(shapes.values())) > 1:
+        shown = ", ".join(
+            f"{name!r}: {shape[0] if batch_ndims == 1 else shape}" for name, shape in shapes.items()
         )
-    size = next(iter(sizes.values()))
-    if num_samples is not None and int(num_samples) != size:
         raise ValueError(
-            f"num_samples={num_samples} but posterior_samples hold {size} draws; leave "
-            f"num_samples out or slice the samples"
+            f"posterior_samples must all have the same leading (sample) "
+            f"dimension{'s' if batch_ndims > 1 else ''}; got {shown}"
         )
-    return size
+    shape = next(iter(shapes.values()))
+    if num_samples is not None and int(num_samples) != math.prod(shape):
+        warnings.warn(
+            f"num_samples={num_samples} but posterior_samples hold {math.prod(shape)} draws; "
+            f"using the {math.prod(shape)} draws (slice the samples for fewer)",
+            UserWarning,
+            stacklevel=3,
+        )
+    return shape
 
 
 class Predictive:
@@ -122,8 +132,12 @@ class Predictive:
         return_sites: the sites to return (latent, observed or deterministic). By default,
             as in NumPyro, the sample sites that are not in the posterior draws (observed
             sites, and latent ones the draws lack) and all deterministic sites.
-        parallel: run the model once for all samples (see the module docs) instead of once
-            per sample.
+        parallel: ``True`` runs the model once for all samples (see the module docs) and
+            raises where the model does not batch; ``False`` runs it once per sample; the
+            default ``None`` batches where the model allows and loops otherwise.
+        batch_ndims: the number of leading sample dims of ``posterior_samples``: 1 for
+            ``(S, ...)`` draws, 2 for ``(chains, draws, ...)`` ones (e.g.
+            ``MCMC.get_samples(group_by_chain=True)``), which the results then keep.
 
     Calling it with the model's arguments (and ``seed=`` for reproducible draws) returns
     ``{site: (S, ...) tensor}``.
@@ -152,14 +166,23 @@ class Predictive:
         params: dict | None = None,
         num_samples: int | None = None,
         return_sites: Sequence[str] | None = None,
-        parallel: bool = True,
+        parallel: bool | None = None,
+        batch_ndims: int = 1,
     ):
         if not callable(model):
             raise TypeError(f"Predictive needs a callable model, got {model!r}")
         if posterior_samples is not None and guide is not None:
             raise ValueError("Predictive takes posterior_samples or guide, not both")
+        if isinstance(batch_ndims, bool) or not isinstance(batch_ndims, int) or batch_ndims < 1:
+            raise ValueError(f"batch_ndims must be an integer >= 1, got {batch_ndims!r}")
         if posterior_samples is not None:
-            num_samples = _check_samples(posterior_samples, num_samples)
+            self._sample_shape = _check_samples(posterior_samples, num_samples, batch_ndims)
+            num_samples = math.prod(self._sample_shape)
+        elif batch_ndims != 1:
+            raise ValueError(
+                f"batch_ndims={batch_ndims} applies to posterior_samples; without them the "
+                f"draws have one leading dim of size num_samples"
+            )
         elif num_samples is None:
             raise ValueError(
                 "Predictive needs num_samples when no posterior_samples are given (for the "
@@ -168,6 +191,8 @@ class Predictive:
         num_samples = int(num_samples)
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        if posterior_samples is None:
+            self._sample_shape = (num_samples,)
         if return_sites is not None:
             if isinstance(return_sites, str):
                 raise TypeError(f"return_sites must be a list of names, got {return_sites!r}")
@@ -178,19 +203,29 @@ class Predictive:
         self.params = params
         self.num_samples = num_samples
         self.return_sites = return_sites
-        self.parallel = bool(parallel)
+        if parallel is not None and not isinstance(parallel, bool):
+            raise TypeError(f"parallel must be True, False or None, got {parallel!r}")
+        self.parallel = parallel
+        self.batch_ndims = batch_ndims
 
     def __call__(self, *args, seed: int | None = None, **kwargs) -> dict[str, torch.Tensor]:
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         with torch.no_grad(), _seed(int(seed)):
             samples = self._posterior_draws(args, kwargs)
-            return self._predict(samples, args, kwargs)
+            out = self._predict(samples, args, kwargs)
+        return {
+            name: value.reshape(self._sample_shape + value.shape[1:]) for name, value in out.items()
+        }
 
     # -- posterior draws -------------------------------------------------------------
     def _posterior_draws(self, args, kwargs) -> dict[str, torch.Tensor]:
         if self.posterior_samples is not None:
-            return dict(self.posterior_samples)
+            lead = self.batch_ndims
+            return {
+                name: value.reshape((self.num_samples,) + value.shape[lead:])
+                for name, value in self.posterior_samples.items()
+            }
         if self.guide is None:
             return {}
         if isinstance(self.guide, AutoGuide):
@@ -241,15 +276,8 @@ def _seed(rng_seed: int) -> seed:
 
 def _run(fn, samples, num_samples, proto, names, parallel, args, kwargs):
     """Values of the sites ``names`` over ``num_samples`` runs of ``fn`` with ``samples``."""
-    if not parallel:
-        draws = {name: [] for name in names}
-        for i in range(num_samples):
-            data = {name: value[i] for name, value in samples.items()}
-            tr = trace(substitute(fn, data=data)).get_trace(*args, **kwargs)
-            for name in names:
-                draws[name].append(tr[name].value)
-        return {name: torch.stack(values) for name, values in draws.items()}
-
+    if parallel is False:
+        return _run_loop(fn, samples, num_samples, names, args, kwargs)
     nesting = _max_plate_nesting(proto)
     first_error = None
     for rule in ("batch", "shape"):
@@ -257,13 +285,25 @@ def _run(fn, samples, num_samples, proto, names, parallel, args, kwargs):
             return _run_parallel(fn, samples, num_samples, proto, names, args, kwargs, rule)
         except Exception as error:  # noqa: BLE001  (the first layout's error is reported)
             first_error = first_error or error
+    if parallel is None:
+        return _run_loop(fn, samples, num_samples, names, args, kwargs)
     raise RuntimeError(
         f"Predictive(parallel=True) runs the model once for all {num_samples} samples, with "
         f"the samples along batch dim {-(nesting + 1)}, and the model failed: "
         f"{type(first_error).__name__}: {first_error}. The model must broadcast over that dim "
         f"(use plates; avoid .item() and reshapes of latent values), or pass parallel=False "
-        f"to run it once per sample."
+        f"(or leave parallel out) to run it once per sample."
     ) from first_error
+
+
+def _run_loop(fn, samples, num_samples, names, args, kwargs):
+    draws = {name: [] for name in names}
+    for i in range(num_samples):
+        data = {name: value[i] for name, value in samples.items()}
+        tr = trace(substitute(fn, data=data)).get_trace(*args, **kwargs)
+        for name in names:
+            draws[name].append(tr[name].value)
+    return {name: torch.stack(values) for name, values in draws.items()}
 
 
 def _run_parallel(fn, samples, num_samples, proto, names, args, kwargs, rule):
