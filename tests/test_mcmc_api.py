@@ -676,6 +676,22 @@ def test_invalid_mcmc_arguments(kwargs):
         MCMC(NUTS(vector_model, compile=False), progress_bar=False, **args)
 
 
+@pytest.mark.parametrize(
+    "kernel, option, hint",
+    [
+        (NUTS, "max_treedepth", "did you mean 'max_tree_depth'"),
+        (HMC, "num_step", "did you mean 'num_steps'"),
+        (NUTS, "num_steps", "Its options: .*max_tree_depth"),
+        (HMC, "warmup", "Its options"),
+    ],
+)
+def test_unknown_kernel_option_is_named_with_the_closest_one(kernel, option, hint):
+    with pytest.raises(TypeError, match=f"{kernel.__name__} got an unexpected option {option!r}"):
+        kernel(vector_model, **{option: 1})
+    with pytest.raises(TypeError, match=hint):
+        kernel(vector_model, **{option: 1})
+
+
 def test_unknown_extra_field():
     mcmc = _mcmc(num_warmup=5, num_samples=5)
     with pytest.raises(ValueError, match="bogus"):

@@ -8,6 +8,8 @@ them (compiled chunks) in :mod:`.executor`; warmup adaptation in :mod:`.warmup`.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import os
 import time
@@ -213,6 +215,24 @@ def find_reasonable_step_size(
         step = torch.where(searching, torch.where(direction_up, 2 * step, 0.5 * step), step)
         step = step.clamp(1e-8, 1e7)
     return step
+
+
+def _check_options(kernel: type, options: dict) -> None:
+    """A clear TypeError for an option neither ``kernel`` nor the common kernel takes."""
+    known = [
+        name
+        for cls in (kernel, _HamiltonianKernel)
+        for name, param in inspect.signature(cls.__init__).parameters.items()
+        if param.kind is inspect.Parameter.KEYWORD_ONLY or name == "model"
+    ]
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            raise TypeError(
+                f"{kernel.__name__} got an unexpected option {name!r}{hint} Its options: "
+                f"{', '.join(sorted(set(known)))}"
+            )
 
 
 class _HamiltonianKernel:
@@ -512,6 +532,7 @@ class NUTS(_HamiltonianKernel):
         executor: str | None = None,
         **kwargs,
     ):
+        _check_options(type(self), kwargs)
         super().__init__(model, **kwargs)
         if executor is None:
             executor = os.environ.get("PROBTORCH_EXECUTOR", "auto").strip().lower() or "auto"
@@ -798,6 +819,7 @@ class HMC(_HamiltonianKernel):
         block_size: int = 64,
         **kwargs,
     ):
+        _check_options(type(self), kwargs)
         super().__init__(model, **kwargs)
         if num_steps is not None and trajectory_length is not None:
             raise ValueError("give num_steps or trajectory_length, not both")
