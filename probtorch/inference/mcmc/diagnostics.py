@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import torch
+from scipy import stats as scipy_stats
 
 __all__ = ["summary_table", "to_inference_data"]
 
@@ -32,6 +33,33 @@ def _arviz():
     return arviz
 
 
+def split_rank_rhat(draws: np.ndarray) -> float:
+    """Rank-normalized split R-hat (Vehtari et al. 2021) of ``(chains, draws)`` values.
+
+    It gives ArviZ's ``az.rhat`` for two or more chains; ArviZ returns nan for one chain,
+    where this splits the single chain into halves as NumPyro and Stan do.
+    """
+    draws = np.asarray(draws, dtype=np.float64)
+    half = draws.shape[1] // 2
+    if half < 2 or not np.all(np.isfinite(draws)):
+        return float("nan")
+    split = np.concatenate([draws[:, :half], draws[:, -half:]])
+
+    def z_scale(x):
+        ranks = scipy_stats.rankdata(x, method="average").reshape(x.shape)
+        return scipy_stats.norm.ppf((ranks - 3 / 8) / (x.size + 1 / 4))
+
+    def rhat(x):
+        n = x.shape[1]
+        within = np.mean(np.var(x, axis=1, ddof=1))
+        between = n * np.var(np.mean(x, axis=1), ddof=1)
+        return float(np.sqrt((between / within + n - 1) / n))
+
+    bulk = rhat(z_scale(split))
+    tail = rhat(z_scale(np.abs(split - np.median(split))))
+    return max(bulk, tail)
+
+
 def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
     """A table of mean, sd, central ``prob`` interval, median, bulk ESS and R-hat per scalar.
 
@@ -50,7 +78,10 @@ def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
         C, S = draws.shape[:2]
         flat = draws.reshape(C, S, -1)
         ess = [float(az.ess(flat[:, :, i], method="bulk")) for i in range(flat.shape[2])]
-        rhat = [float(az.rhat(flat[:, :, i])) for i in range(flat.shape[2])]
+        if C == 1:  # ArviZ needs two chains (nan and a warning); split the one in halves
+            rhat = [split_rank_rhat(flat[:, :, i]) for i in range(flat.shape[2])]
+        else:
+            rhat = [float(az.rhat(flat[:, :, i])) for i in range(flat.shape[2])]
         shape = draws.shape[2:]
         for i in range(flat.shape[2]):
             column = flat[:, :, i].reshape(-1)
