@@ -15,6 +15,12 @@ bench/gpu_check.py). Under torch 2.11 the test suite had 4 failures left after t
 (NUTS draws its random numbers outside the compiled graph and is not affected), and the
 lean executor's AOTInductor package did not build.
 
+Inductor's first compile imports ``torch.utils.mkldnn``, whose classes use
+``torch.jit.script_method``, deprecated in torch 2.13: every user's first compiled sampler
+showed torch's ``DeprecationWarning`` about code that is not theirs (and a test run with
+warnings as errors failed its first compile). probtorch imports that module on import, with
+that one warning silenced; any other warning is left alone.
+
 Example::
 
     >>> import torch
@@ -25,10 +31,12 @@ Example::
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.distributions import Distribution
 
-__all__ = ["needs_expand_patch", "patch_distribution_expand"]
+__all__ = ["needs_expand_patch", "patch_distribution_expand", "import_inductor_deps_quietly"]
 
 
 def needs_expand_patch(version: str = torch.__version__) -> bool:
@@ -59,4 +67,16 @@ def patch_distribution_expand() -> None:
         Distribution._get_checked_instance = _get_checked_instance
 
 
+def import_inductor_deps_quietly() -> None:
+    """Import ``torch.utils.mkldnn`` with torch's own ``script_method`` deprecation silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`torch\.jit\.script_method` is deprecated",
+            category=DeprecationWarning,
+        )
+        import torch.utils.mkldnn  # noqa: F401
+
+
+import_inductor_deps_quietly()
 patch_distribution_expand()  # on import (probtorch/__init__.py imports this module)

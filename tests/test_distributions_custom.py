@@ -670,3 +670,24 @@ def test_bernoulli_log_prob_and_gradient_match_the_exact_values(dtype):
     torch.testing.assert_close(
         by_probs.log_prob(torch.tensor([1.0, 0.0])), torch.tensor([0.2, 0.1]).log()
     )
+
+
+def test_multinomial_log_prob_batches_under_vmap():
+    """torch's Multinomial.log_prob assigns through a boolean mask, which vmap cannot batch
+    (NUTS evaluates models under vmap); probtorch's gives torch's values and batches."""
+    probs = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5], [0.6, 0.0, 0.4]], dtype=torch.float64)
+    value = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0], [2.0, 0.0, 1.0]], dtype=torch.float64)
+    expected = torch.distributions.Multinomial(3, probs).log_prob(value)
+    batched = torch.func.vmap(lambda p, v: dist.Multinomial(3, p).log_prob(v))(probs, value)
+    torch.testing.assert_close(batched, expected, rtol=1e-14, atol=0)
+    ref = [stats.multinomial(3, p.numpy()).logpmf(v.numpy()) for p, v in zip(probs, value)]
+    np.testing.assert_allclose(batched.numpy(), ref, rtol=1e-12)
+    # a logit of -inf with a count of 0 contributes 0 (the masked case), not nan
+    logits = torch.tensor([-math.inf, 0.0, 0.0], dtype=torch.float64)
+    for count in ([0.0, 1.0, 2.0], [1.0, 1.0, 1.0]):
+        count = torch.tensor(count, dtype=torch.float64)
+        torch.testing.assert_close(
+            dist.Multinomial(3, logits=logits).log_prob(count),
+            torch.distributions.Multinomial(3, logits=logits).log_prob(count),
+        )
+    assert dist.Multinomial(3, logits=logits).log_prob(value[0]).item() == math.log(0.375)

@@ -155,12 +155,25 @@ def dirichlet_categorical(y):
         pt.sample("y", dist.Categorical(probs), obs=y)
 
 
-def test_dirichlet_categorical():
+def dirichlet_multinomial(total, counts):
+    probs = pt.sample("probs", dist.Dirichlet(torch.tensor(ALPHA)))
+    with pt.plate("rows", counts.shape[0]):
+        pt.sample("counts", dist.Multinomial(total, probs), obs=counts)
+
+
+@pytest.mark.parametrize("likelihood", ["categorical", "multinomial"])
+def test_dirichlet_categorical(likelihood):
     y = torch.tensor([0] * 3 + [1] * 7 + [2] * 1 + [3] * 9)
     counts = torch.bincount(y, minlength=4).double()
     post = stats.dirichlet(np.array(ALPHA) + counts.numpy())
     exact = Exact({"probs": post.mean()}, {"probs": np.sqrt(post.var())})
-    mcmc = _run(NUTS(dirichlet_categorical), y)
+    if likelihood == "categorical":
+        mcmc = _run(NUTS(dirichlet_categorical), y)
+    else:  # the same counts in four rows of five draws: the same posterior
+        rows = torch.nn.functional.one_hot(
+            y[torch.randperm(20, generator=torch.Generator().manual_seed(1))], 4
+        )
+        mcmc = _run(NUTS(dirichlet_multinomial), 5, rows.reshape(4, 5, 4).sum(1).double())
     assert mcmc.get_samples()["probs"].sum(-1).sub(1).abs().max() < 1e-12
     _check_posterior(mcmc, exact)
 

@@ -2,6 +2,9 @@
 torch 2.11's Dynamo trace ``expand`` makes the instance torch's own does, and is applied
 only before torch 2.13."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.distributions import Distribution, Normal
@@ -46,3 +49,21 @@ def test_patched_expand_makes_the_instance_torch_makes(monkeypatch):
             compiled(torch.zeros(3)), Normal(0.0, 1.0).log_prob(torch.zeros(2, 3)).sum()
         )
     assert stats.graph_breaks == 0
+
+
+def test_first_compile_shows_no_deprecation_warning_from_torch():
+    """Inductor's first compile imports torch.utils.mkldnn (torch.jit.script_method,
+    deprecated in 2.13); probtorch imports it quietly, so a user's run shows no warning."""
+    code = (
+        "import torch, probtorch\n"
+        "f = torch.compile(lambda x: torch.sin(x) + 1, backend='inductor')\n"
+        "print(float(f(torch.zeros(2)).sum()))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "2.0"

@@ -38,6 +38,7 @@ from .fixes import (  # noqa: F401  (fixed versions of Pyro's, same names)
     ContinuousBernoulli,
     FisherSnedecor,
     LKJCholesky,
+    Multinomial,
     OrderedLogistic,
     Pareto,
     Wishart,

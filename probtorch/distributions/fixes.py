@@ -14,6 +14,11 @@ Sampling. torch's ``LKJCholesky`` (and Pyro's ``LKJ``, which samples through it)
 too dispersed for ``dim >= 3`` (log densities were right). Pyro's ``LKJ.expand`` raised
 ``NotImplementedError``, so ``LKJ`` could not sit in a plate. Both are fixed here.
 
+Batching. torch's ``Multinomial.log_prob`` zeroes the ``-inf`` logits of zero counts by
+boolean-mask assignment, which ``torch.func.vmap`` cannot batch (NUTS evaluates the model
+under ``vmap`` over chains), so a model observing a ``Multinomial`` could not be sampled.
+The ``Multinomial`` here selects with ``torch.where``; the values are the same.
+
 Messages. ``Beta``, ``BetaBinomial``, ``FisherSnedecor`` and ``Pareto`` build an inner
 distribution before validating their own parameters, so torch's error for an invalid
 ``concentration1`` named the inner ``Dirichlet``'s ``concentration``; ``ContinuousBernoulli``
@@ -58,6 +63,7 @@ __all__ = [
     "FisherSnedecor",
     "Pareto",
     "Wishart",
+    "Multinomial",
 ]
 
 
@@ -93,6 +99,28 @@ class Categorical(pyro_dist.Categorical):
         if torch.compiler.is_compiling():
             return torch.distributions.Categorical.log_prob(self, value)
         return super().log_prob(value)
+
+
+class Multinomial(pyro_dist.Multinomial):
+    """Pyro's ``Multinomial(total_count=1, probs=None, logits=None)``, whose ``log_prob``
+    batches under ``torch.func.vmap`` (see the module docstring).
+
+    Example::
+
+        >>> d = Multinomial(3, probs=torch.tensor([0.0, 0.5, 0.5]))
+        >>> round(float(d.log_prob(torch.tensor([0.0, 1.0, 2.0])).exp()), 3)
+        0.375
+    """
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        logits, value = torch.distributions.utils.broadcast_all(self.logits, value)
+        log_factorial_n = torch.lgamma(value.sum(-1) + 1)
+        log_factorial_xs = torch.lgamma(value + 1).sum(-1)
+        # a category of probability 0 counted 0 times contributes 0 (not 0 * -inf = nan)
+        logits = torch.where((value == 0) & (logits == -torch.inf), 0.0, logits)
+        return log_factorial_n - log_factorial_xs + (logits * value).sum(-1)
 
 
 class OrderedLogistic(pyro_dist.OrderedLogistic):
