@@ -715,6 +715,17 @@ def test_unknown_extra_field():
         mcmc.run(_vector_data(), extra_fields=("accept_prob", "bogus"))
 
 
+def test_python_branch_on_a_latent_value_is_named_with_advice():
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        scale = 1.0 if mu > 0 else 2.0  # reads a latent value in Python
+        pt.sample("y", dist.Normal(mu, scale), obs=y)
+
+    mcmc = _mcmc(model, num_warmup=5, num_samples=5)
+    with pytest.raises(ValueError, match=r"failed after site 'mu'.*torch\.where"):
+        mcmc.run(torch.tensor(0.3))
+
+
 def test_discrete_latent_site_is_named():
     def model(y):
         flip = pt.sample("flip", dist.Bernoulli(0.3))

@@ -389,6 +389,17 @@ class Potential:
                 raise
         return value, grad
 
+    def eager_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`value_and_grad` evaluated eagerly (no compile), for a few calls at set-up;
+        a failure of the model is explained as there."""
+        self._check_z(z)
+        with torch_validation(False):
+            try:
+                return self.raw_value_and_grad(z)
+            except RuntimeError as error:
+                self._explain_failure(z, error)
+                raise
+
     def _explain_failure(self, z: torch.Tensor, error: RuntimeError) -> None:
         """Re-run eagerly, vectorized, to find the site after which the model failed."""
         collect = _Collect()

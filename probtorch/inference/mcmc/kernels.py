@@ -311,8 +311,7 @@ class _HamiltonianKernel:
         self._build(potential)
         # Set-up and the step-size heuristic call the potential a few dozen times: eagerly,
         # which saves compiling a second graph (about as long as the sampler's own).
-        with torch_validation(False):
-            pe, grad = potential.raw_value_and_grad(z0)
+        pe, grad = potential.eager_value_and_grad(z0)
         inverse_mass = self._initial_inverse_mass(num_chains, potential.dim, z0)
         step = torch.full((num_chains,), self.step_size, dtype=z0.dtype, device=z0.device)
         state = SamplerState(z0, pe, grad, step, inverse_mass, mass_sqrt_from_inverse(inverse_mass))

@@ -12,7 +12,6 @@ import warnings
 
 import torch
 
-from ...validation import torch_validation
 from ..compile import inference_threads
 from .diagnostics import summary_table, to_inference_data
 from .kernels import STAT_NAMES, SamplerState, empty_stats
@@ -266,8 +265,7 @@ class MCMC:
     def _at_new_arguments(self, warm: SamplerState) -> SamplerState:
         """``warm`` with its potential energy and gradient computed by the kernel's (new)
         potential: the ones kept were computed under other arguments."""
-        with torch_validation(False):
-            pe, grad = self.kernel.potential.raw_value_and_grad(warm.z)
+        pe, grad = self.kernel.potential.eager_value_and_grad(warm.z)
         bad = ~(torch.isfinite(pe) & torch.isfinite(grad).all(-1))
         if bool(bad.any()):
             chains = bad.nonzero().flatten().tolist()
