@@ -91,6 +91,14 @@ class InvalidParameterError(ValueError):
     """
 
 
+class ObservationOutsideSupportError(ValueError):
+    """An observed value lies outside its distribution's support (the message names the site).
+
+    Where the support depends on latent values (``y ~ Uniform(0, theta)``), inference treats
+    it at random initial points as a rejected point and tries another one.
+    """
+
+
 def check_parameters(name: str, fn) -> None:
     """Raise InvalidParameterError naming the site, the parameter and the violated constraint."""
     for d in _unwrapped(fn):
@@ -134,8 +142,7 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
         raise ValueError(what + ": the shapes do not broadcast") from None
     if broadcast != value_shape:
         raise ValueError(
-            what
-            + f": the value would be broadcast to {broadcast}, counting each observation "
+            what + f": the value would be broadcast to {broadcast}, counting each observation "
             f"more than once. Reshape the data or fix the plate/distribution shapes."
         )
     try:
@@ -146,7 +153,7 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
         return
     valid = support.check(value)
     if not bool(torch.all(valid)):
-        raise ValueError(
+        raise ObservationOutsideSupportError(
             f"sample site {name!r}: observed value lies outside the support {support} of "
             f"{type(fn).__name__}: {_describe(value, valid)}"
         )

@@ -1,5 +1,7 @@
 """Errors a user hits when a model is wrong: each names the site and says what is wrong."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -235,10 +237,45 @@ def test_observed_value_outside_support():
     counts = torch.tensor([1.0, -1.0, 4.0])
     with pytest.raises(ValueError, match=message):
         run_traced(model, counts)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as raised:
         Potential(model, (counts,), compile=False)
+    # the support did not move between two random points: the data are at fault, at once
+    assert "the same at two random initial points" in "\n".join(raised.value.__notes__)
     with pytest.raises(ValueError, match=r"'counts'.*outside the support.*\[2\.5\]"):
         run_traced(model, torch.tensor([1.0, 2.5, 4.0]))
+
+
+def _bounded_by_a_latent(y):
+    theta = pt.sample("theta", dist.Pareto(1.0, 2.0))  # init_to_uniform: theta in (1.1, 8.4)
+    with pt.plate("data", y.shape[0]):
+        pt.sample("y", dist.Uniform(0.0, theta), obs=y)
+
+
+def test_support_that_depends_on_a_latent_rejects_initial_points_not_the_data():
+    """y ~ Uniform(0, theta): a random theta below max(y) is a rejected initial point (as in
+    Stan), not an error blaming the data."""
+    from probtorch.inference import MCMC, NUTS
+
+    y = torch.tensor([0.5, 2.5, 1.0])
+    for rng_seed in range(5):  # several prototype points have theta < 2.5
+        potential = Potential(_bounded_by_a_latent, (y,), compile=False, rng_seed=rng_seed)
+        assert float(potential.prototype_trace["theta"].value) > 2.5
+    mcmc = MCMC(
+        NUTS(_bounded_by_a_latent, compile=False),
+        num_warmup=100,
+        num_samples=100,
+        num_chains=2,
+        progress_bar=False,
+        seed=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # divergences at the hard boundary
+        mcmc.run(y)
+    assert float(mcmc.get_samples()["theta"].min()) >= 2.5
+    # a bound that no random initial point covers: the advice says how to start
+    with pytest.raises(ValueError, match="'y'.*outside the support") as raised:
+        Potential(_bounded_by_a_latent, (torch.tensor([0.5, 100.0]),), compile=False)
+    assert "init_params" in "\n".join(raised.value.__notes__)
 
 
 def test_observed_value_outside_positive_support():

@@ -22,7 +22,7 @@ import torch
 from ..distributions.constraint_registry import biject_to
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
-from ..validation import InvalidParameterError, torch_validation
+from ..validation import InvalidParameterError, ObservationOutsideSupportError, torch_validation
 from .compile import compile_enabled, compile_fn
 from .data_layout import DataLayout
 from .init_strategies import init_to_uniform
@@ -158,22 +158,57 @@ def _seeds(rng_seed: int, count: int) -> list[int]:
     return [rng_seed] + draws.tolist()
 
 
+# Errors that reject one random initial point: another may pass.
+_REJECTED_POINT = (InvalidParameterError, ObservationOutsideSupportError)
+
+
+def _data_error(error: Exception, previous: Exception | None) -> bool:
+    """Whether ``error`` is an observation outside a support that did not move between two
+    random points: then the data are at fault, and more points will not help."""
+    return (
+        isinstance(error, ObservationOutsideSupportError)
+        and previous is not None
+        and str(error) == str(previous)
+    )
+
+
+def _initial_point_note(error: Exception, tries: int) -> None:
+    if not hasattr(error, "add_note"):
+        return
+    if isinstance(error, ObservationOutsideSupportError) and tries > 2:
+        error.add_note(
+            f"(at each of the {tries} random initial points tried: the support depends on "
+            f"latent values that these points never set to cover the data; start those "
+            f"sites where it does, with init_params or init_strategy=init_to_value(...))"
+        )
+    elif isinstance(error, ObservationOutsideSupportError):
+        error.add_note("(the same at two random initial points: the data do not fit)")
+    else:
+        error.add_note(f"(at each of the {tries} random initial points tried)")
+
+
 def _run_traced_retrying(model, args, kwargs, seeds, substitute_fn) -> Trace:
-    """:func:`_run_traced` at random initial points until no parameter is invalid.
+    """:func:`_run_traced` at random initial points until no point is rejected.
 
     A random point can put a latent-dependent parameter outside its constraint (a
-    correlation beyond 1 makes a covariance indefinite); such a point is rejected, as Stan
+    correlation beyond 1 makes a covariance indefinite), or a latent-dependent support
+    short of the data (``y ~ Uniform(0, theta)``); such a point is rejected, as Stan
     rejects an initial point, and the next seed is tried. If every point fails, the first
-    error is raised (for data errors it is the same at every point).
+    error is raised; an observation outside a support that is the same at two points is a
+    data error, raised at once.
     """
-    first_error = None
+    first_error = previous = None
+    tries = 0
     for rng_seed in seeds:
+        tries += 1
         try:
             return _run_traced(model, args, kwargs, rng_seed, substitute_fn=substitute_fn)
-        except InvalidParameterError as error:
+        except _REJECTED_POINT as error:
             first_error = first_error or error
-    if hasattr(first_error, "add_note"):
-        first_error.add_note(f"(at each of the {len(seeds)} random initial points tried)")
+            if _data_error(error, previous):
+                break
+            previous = error
+    _initial_point_note(first_error, tries)
     raise first_error
 
 
@@ -528,7 +563,7 @@ def initialize_model(
     ).tolist()
     rows = []
     for chain in range(num_chains):
-        z = None
+        z = previous = None
         for attempt in range(max_tries):
             try:
                 tr = _run_traced(
@@ -538,12 +573,13 @@ def initialize_model(
                     seeds[chain][attempt],
                     substitute_fn=init_strategy,
                 )
-            except InvalidParameterError as error:
-                if attempt == max_tries - 1:
+            except _REJECTED_POINT as error:
+                if attempt == max_tries - 1 or _data_error(error, previous):
                     raise InitializationError(
-                        f"no valid initial parameters after {max_tries} tries (chain {chain}): "
-                        f"{error}"
+                        f"no valid initial parameters after {attempt + 1} tries (chain "
+                        f"{chain}): {error}"
                     ) from error
+                previous = error
                 continue
             z = _pack_trace(potential, tr)
             with torch_validation(False):
