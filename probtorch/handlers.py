@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from .runtime import Message, Messenger, apply_stack
-from .validation import check_sample_site, is_validation_enabled
+from .validation import check_sample_site, is_validation_enabled, readable
 
 __all__ = [
     "Trace",
@@ -324,7 +324,9 @@ class replay(Messenger):
 
 def _check_scale(scale) -> None:
     if isinstance(scale, torch.Tensor):
-        if not bool(torch.all(scale > 0)):
+        # a tensor scale is checked where its values can be read: on eager runs (the first
+        # run of a model), not inside a compiled sampler that takes it as an input
+        if readable(scale) and not bool(torch.all(scale > 0)):
             raise ValueError(f"scale must be positive, got a tensor with values {scale}")
     elif not scale > 0:
         raise ValueError(f"scale must be positive, got {scale}")

@@ -57,6 +57,25 @@ def torch_validation(flag: bool):
         torch.distributions.Distribution.set_default_validate_args(old)
 
 
+def readable(value: torch.Tensor) -> bool:
+    """Whether ``value``'s entries can be read in Python: not while Dynamo compiles or
+    ``make_fx`` traces (a graph input's values are unknown then), nor for a tensor batched
+    by ``torch.func`` (its per-chain entries differ). Checks of values run only where it is.
+
+    >>> seen = []
+    >>> _ = torch.func.vmap(lambda x: seen.append(readable(x)) or x)(torch.ones(3, 2))
+    >>> readable(torch.ones(2)), seen
+    (True, [False])
+    """
+    if torch.compiler.is_compiling():
+        return False
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    if get_proxy_mode() is not None:
+        return False
+    return not torch._C._functorch.is_functorch_wrapped_tensor(value)
+
+
 def _describe(value: torch.Tensor, valid: torch.Tensor) -> str:
     value = torch.as_tensor(value)
     shape = tuple(value.shape)

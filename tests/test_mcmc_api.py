@@ -715,6 +715,38 @@ def test_unknown_extra_field():
         mcmc.run(_vector_data(), extra_fields=("accept_prob", "bogus"))
 
 
+def _weighted(y, weights):
+    mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+    with pt.plate("data", y.shape[0]), pt.handlers.scale(scale=weights):
+        pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("executor", ["quick", "split"])
+def test_tensor_scale_given_as_data_is_an_input_of_the_compiled_sampler(executor):
+    """Observation weights as a tensor argument: its positivity is checked on the eager run
+    and not inside the traced sampler (where reading it was a data-dependent error)."""
+    y, weights = torch.tensor([0.5, -1.0, 2.0]), torch.tensor([1.0, 2.0, 0.5])
+    mcmc = MCMC(
+        NUTS(_weighted, executor=executor),
+        num_warmup=200,
+        num_samples=500,
+        num_chains=2,
+        progress_bar=False,
+        seed=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback from the compiled chunk
+        mcmc.run(y, weights)
+    draws = mcmc.get_samples(group_by_chain=True)["mu"].numpy()
+    precision = 1.0 + float(weights.sum())
+    mean, sd = float((weights * y).sum()) / precision, precision**-0.5
+    mcse = sd / math.sqrt(float(az.ess(draws, method="bulk")))
+    assert abs(draws.mean() - mean) < 4 * mcse
+    assert abs(draws.std() / sd - 1) < 0.15
+    with pytest.raises(ValueError, match="scale must be positive"):
+        mcmc.run(y, torch.tensor([1.0, -2.0, 0.5]))
+
+
 def test_python_branch_on_a_latent_value_is_named_with_advice():
     def model(y):
         mu = pt.sample("mu", dist.Normal(0.0, 1.0))
