@@ -54,8 +54,12 @@ def sample(
         name: the site name, unique within one run of the model.
         fn: a distribution (any ``torch.distributions`` / ``pyro.distributions`` object).
         obs: observed data; the site is then a likelihood term, not a latent.
-        obs_mask: boolean tensor, True where ``obs`` is observed. The missing entries become
-            the latent site ``f"{name}_unobserved"`` and are imputed.
+        obs_mask: boolean tensor, True where ``obs`` is observed. The missing entries are
+            imputed: they are taken from the latent site ``f"{name}_unobserved"``, which has
+            the shape of ``obs`` and is drawn from ``fn`` everywhere (its entries where
+            ``obs`` is observed are unused draws, which leave the posterior of the other
+            sites as it is and keep the density proper: NUTS and SVI guides need that).
+            The combined value is the deterministic site ``name``.
         infer: inference hints (e.g. ``{"is_auxiliary": True}``).
 
     Example::
@@ -91,12 +95,17 @@ def sample(
 
 
 def _masked_observe(name, fn, obs, obs_mask, infer):
-    """NumPyro's ``obs_mask``: observed where the mask is True, latent elsewhere."""
+    """NumPyro's ``obs_mask``: observed where the mask is True, latent elsewhere.
+
+    NumPyro (and Pyro) draw the unobserved site from ``fn.mask(~obs_mask)``: its entries
+    where ``obs`` is observed then have a flat, improper density, which NUTS wanders along
+    (trees at ``max_tree_depth``) and an SVI guide's entropy widens without bound. Here they
+    have ``fn``'s density: integrated out, they change no other site's posterior."""
     if obs is None:
         raise ValueError(f"sample site {name!r}: obs_mask was given without obs")
     obs = torch.as_tensor(obs)
     obs_mask = torch.as_tensor(obs_mask, dtype=torch.bool)
-    unobserved = sample(f"{name}_unobserved", fn.mask(~obs_mask), infer=infer)
+    unobserved = sample(f"{name}_unobserved", fn, infer=infer)
     sample(f"{name}_observed", fn.mask(obs_mask), obs=obs, infer=infer)
     # The mask indexes batch elements; broadcast it over the event dims.
     mask = obs_mask[(...,) + (None,) * fn.event_dim]
@@ -128,8 +137,10 @@ def param(
         >>> float(scale.detach())
         2.0
     """
-    if init_value is not None and not isinstance(init_value, torch.Tensor) and not callable(
-        init_value
+    if (
+        init_value is not None
+        and not isinstance(init_value, torch.Tensor)
+        and not callable(init_value)
     ):
         init_value = torch.as_tensor(init_value, dtype=torch.get_default_dtype())
     msg = Message(
@@ -244,8 +255,7 @@ class plate(Messenger):
         subsample_size = int(subsample_size)
         if not 0 <= subsample_size <= size:
             raise ValueError(
-                f"plate {name!r}: subsample_size must lie in [0, size={size}], "
-                f"got {subsample_size}"
+                f"plate {name!r}: subsample_size must lie in [0, size={size}], got {subsample_size}"
             )
         if dim is not None and dim >= 0:
             raise ValueError(f"plate {name!r}: dim must be negative, got {dim}")
@@ -284,9 +294,9 @@ class plate(Messenger):
         return CondIndepStackFrame(self.name, self.dim, self.size, self.subsample_size)
 
     def process_message(self, msg: Message) -> None:
-        if msg.type not in ("sample", "param"):
-            return
-        if msg.type == "param":
+        if msg.type == "deterministic":  # recorded (ArviZ names its dims after plates)
+            msg.cond_indep_stack = msg.cond_indep_stack + (self.frame,)
+        if msg.type != "sample":
             return
         msg.cond_indep_stack = msg.cond_indep_stack + (self.frame,)
         batch_shape = tuple(msg.fn.batch_shape)

@@ -282,6 +282,61 @@ def test_to_inference_data(vector_run):
     assert idata.log_likelihood["y"].shape == (3, 50, y.shape[0])
 
 
+def _grouped(group, y=None, counted=None):
+    """Varying means in a plate of groups; observations in a data plate, some masked."""
+    sd = pt.sample("sd", dist.HalfNormal(1.0))
+    with pt.plate("groups", 3):
+        means = pt.sample("means", dist.Normal(0.0, 2.0))
+    with pt.plate("data", group.shape[0]):
+        if counted is None:
+            pt.sample("y", dist.Normal(means[group], sd), obs=y)
+        else:
+            pt.sample("y", dist.Normal(means[group], sd), obs=y, obs_mask=counted)
+
+
+def test_inference_data_dims_are_named_after_plates_and_masked_observations_left_out():
+    from probtorch.inference import Predictive
+
+    group = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+    y = torch.tensor([0.3, -0.2, 1.5, 1.1, -1.0, -0.7, 99.0])  # the last one is missing
+    counted = torch.tensor([True] * 6 + [False])
+    mcmc = _mcmc(_grouped, num_warmup=50, num_samples=30)
+    mcmc.run(group, y, counted)
+    samples = {k: v for k, v in mcmc.get_samples().items() if k in ("sd", "means")}
+    ppc = Predictive(_grouped, samples)(group, seed=0)
+    prior = Predictive(_grouped, num_samples=20)(group, seed=0)
+    idata = mcmc.to_inference_data(posterior_predictive=ppc, prior=prior)
+    assert idata.posterior["means"].dims == ("chain", "draw", "groups")
+    assert idata.posterior["y_unobserved"].dims == ("chain", "draw", "data")
+    assert idata.posterior["y"].dims == ("chain", "draw", "data")  # deterministic, in the plate
+    # the masked observation is in neither the log likelihood nor the observed data
+    assert idata.observed_data["y_observed"].dims == ("y_observed_observed",)
+    np.testing.assert_array_equal(idata.observed_data["y_observed"].values, y[:6].numpy())
+    loglik = idata.log_likelihood["y_observed"]
+    assert loglik.dims == ("chain", "draw", "y_observed_observed") and loglik.shape == (2, 30, 6)
+    grouped = mcmc.get_samples(group_by_chain=True)
+    means, sd = grouped["means"].numpy(), grouped["sd"].numpy()[..., None]
+    expected = stats.norm(means[..., group[:6].numpy()], sd).logpdf(y[:6].numpy())
+    np.testing.assert_allclose(loglik.values, expected, rtol=1e-10, atol=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # few draws: Pareto k may be high
+        assert np.isfinite(float(az.loo(idata, var_name="y_observed").elpd_loo))
+    # predictive groups: (chains, draws) from the flat draws; prior latents and observations
+    assert idata.posterior_predictive["y"].dims == ("chain", "draw", "data")
+    np.testing.assert_array_equal(
+        idata.posterior_predictive["y"].values, ppc["y"].reshape(2, 30, 7).numpy()
+    )
+    assert idata.prior["means"].dims == ("chain", "draw", "groups")
+    assert idata.prior["means"].shape == (1, 20, 3)
+    assert set(idata.prior.data_vars) == {"sd", "means"}
+    assert set(idata.prior_predictive.data_vars) == {"y"}
+    assert idata.prior_predictive["y"].dims == ("chain", "draw", "data")
+    assert idata.prior_predictive["y"].shape == (1, 20, 7)
+    # user dims and coords win over the plate names
+    named = mcmc.to_inference_data(coords={"school": ["a", "b", "c"]}, dims={"means": ["school"]})
+    assert list(named.posterior["means"].coords["school"].values) == ["a", "b", "c"]
+
+
 def test_log_likelihood_matches_scipy():
     y = _data(n=6)
     mcmc = _mcmc(normal_model, num_warmup=40, num_samples=25)

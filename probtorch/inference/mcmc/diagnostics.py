@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from scipy import stats as scipy_stats
 
-__all__ = ["summary_table", "to_inference_data"]
+__all__ = ["summary_table", "to_inference_data", "site_dims", "split_rank_rhat"]
 
 # ArviZ's names for the sample statistics.
 _ARVIZ_STATS = {
@@ -95,28 +95,127 @@ def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
     return "\n".join(lines)
 
 
-def to_inference_data(potential, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]):
-    """Build ``arviz.InferenceData``: posterior, sample_stats, observed_data, log_likelihood."""
+def site_dims(site) -> list[str]:
+    """ArviZ dim names for a site's value: the enclosing plate's name for a batch dim that a
+    plate spans (at its size), ``{site}_dim_{i}`` (ArviZ's default) for the others."""
+    shape = tuple(site.value.shape)
+    event_dim = site.fn.event_dim if site.type == "sample" and site.fn is not None else 0
+    batch_ndim = len(shape) - event_dim
+    plates = {frame.dim: frame for frame in site.cond_indep_stack}
+    dims = []
+    for i, size in enumerate(shape):
+        frame = plates.get(i - batch_ndim) if i < batch_ndim else None
+        dims.append(
+            frame.name if frame and size == frame.subsample_size else f"{site.name}_dim_{i}"
+        )
+    return dims
+
+
+def _counted(site) -> torch.Tensor | None:
+    """Where a site's observations count (its batch shape), if a mask leaves some out: the
+    site's ``mask`` handler and a masked distribution (``fn.mask(m)``, ``obs_mask``)."""
+    batch_shape = site.value.shape[: site.value.dim() - site.fn.event_dim]
+    counted = torch.ones(batch_shape, dtype=torch.bool, device=site.value.device)
+    for mask in (site.mask, getattr(site.fn, "_mask", None)):
+        if mask is False:
+            counted = torch.zeros_like(counted)
+        elif isinstance(mask, torch.Tensor):
+            counted = counted & torch.broadcast_to(mask.bool(), batch_shape)
+    return None if bool(counted.all()) else counted
+
+
+def _chains_and_draws(value: torch.Tensor, chains: int, draws: int) -> np.ndarray:
+    """Draws ``(chains * draws, ...)`` or ``(chains, draws, ...)`` as ``(chains, draws, ...)``;
+    any other leading size ``n`` as one chain, ``(1, n, ...)``."""
+    if value.shape[0] == chains * draws:
+        return _numpy(value.reshape((chains, draws) + value.shape[1:]))
+    if value.dim() >= 2 and tuple(value.shape[:2]) == (chains, draws):
+        return _numpy(value)
+    return _numpy(value)[None]
+
+
+def to_inference_data(
+    potential,
+    samples: dict[str, torch.Tensor],
+    stats: dict[str, torch.Tensor],
+    posterior_predictive: dict | None = None,
+    prior: dict | None = None,
+    coords: dict | None = None,
+    dims: dict | None = None,
+):
+    """Build ``arviz.InferenceData``: posterior, sample_stats, observed_data and
+    log_likelihood, and posterior_predictive, prior and prior_predictive where given.
+
+    Dims are named after the plates; observations a mask leaves out (``obs_mask``,
+    ``handlers.mask``) are left out of ``log_likelihood`` and ``observed_data``, whose
+    counted entries lie along one dim ``{site}_observed`` (for LOO).
+    """
     az = _arviz()
-    posterior = {k: _numpy(v) for k, v in samples.items()}
+    trace = potential.prototype_trace
+    C, S = next(iter(samples.values())).shape[:2] if samples else (0, 0)
+    site_dim_names = {
+        name: site_dims(site)
+        for name, site in trace.items()
+        if site.type in ("sample", "deterministic") and isinstance(site.value, torch.Tensor)
+    }
+    user_dims = dict(dims or {})
+
+    def dataset(values: dict, default_dims, extra_dims=None):
+        named = {**site_dim_names, **(extra_dims or {}), **user_dims}
+        return az.dict_to_dataset(
+            values,
+            library=None,
+            coords=coords,
+            dims={k: named[k] for k in values if k in named},
+            default_dims=default_dims,
+        )
+
+    groups = {"posterior": dataset({k: _numpy(v) for k, v in samples.items()}, None)}
     sample_stats = {_ARVIZ_STATS[k]: _numpy(v) for k, v in stats.items() if k in _ARVIZ_STATS}
     if "potential_energy" in stats:
         sample_stats["lp"] = -_numpy(stats["potential_energy"])
-    trace = potential.prototype_trace
-    observed = {
-        name: _numpy(site.value)
+    groups["sample_stats"] = az.dict_to_dataset(sample_stats, library=None)
+
+    observed_sites = {
+        name: site
         for name, site in trace.sample_sites(observed=True).items()
         if not site.infer.get("is_auxiliary", False)
     }
-    log_likelihood = {}
+    counted = {name: _counted(site) for name, site in observed_sites.items()}
+    observed, observed_dims, pointwise_dims = {}, {}, {}
+    for name, site in observed_sites.items():
+        value, batch_ndim = site.value, site.value.dim() - site.fn.event_dim
+        names = site_dim_names[name]
+        if counted[name] is not None:
+            value = value[counted[name]]
+            names = [f"{name}_observed"] + names[batch_ndim:]
+            batch_ndim = 1
+        observed[name] = _numpy(value)
+        observed_dims[name], pointwise_dims[name] = names, names[:batch_ndim]
+    if observed:
+        groups["observed_data"] = dataset(observed, [], observed_dims)
     if samples and observed:
-        C, S = next(iter(samples.values())).shape[:2]
         flat = {k: v.reshape((C * S,) + v.shape[2:]) for k, v in samples.items()}
-        pointwise = potential.log_likelihood(flat)
-        log_likelihood = {k: _numpy(v.reshape((C, S) + v.shape[1:])) for k, v in pointwise.items()}
-    return az.from_dict(
-        posterior=posterior,
-        sample_stats=sample_stats,
-        observed_data=observed or None,
-        log_likelihood=log_likelihood or None,
-    )
+        log_likelihood = {}
+        for name, value in potential.log_likelihood(flat).items():
+            value = value.reshape((C, S) + value.shape[1:])
+            if counted[name] is not None:
+                value = value[:, :, counted[name]]
+            log_likelihood[name] = _numpy(value)
+        groups["log_likelihood"] = dataset(log_likelihood, None, pointwise_dims)
+    if posterior_predictive:
+        values = {k: _chains_and_draws(v, C, S) for k, v in posterior_predictive.items()}
+        groups["posterior_predictive"] = dataset(values, None)
+    if prior:
+        values = {k: _numpy(v)[None] for k, v in prior.items()}
+        # an observed site, or the value that an obs_mask site combines
+        observable = set(observed_sites) | {
+            name.removesuffix("_observed") for name in observed_sites if name.endswith("_observed")
+        }
+        predictive = {k: v for k, v in values.items() if k in observable}
+        latent = {k: v for k, v in values.items() if k not in observable}
+        if latent:
+            groups["prior"] = dataset(latent, None)
+        if predictive:
+            groups["prior_predictive"] = dataset(predictive, None)
+    return az.InferenceData(**groups)

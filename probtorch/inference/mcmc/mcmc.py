@@ -360,10 +360,56 @@ class MCMC:
         print(summary_table(samples, prob=prob))
         print(f"\nNumber of divergences: {int(self._stats['diverging'].sum())}")
 
-    def to_inference_data(self):
-        """ArviZ InferenceData: posterior, sample_stats, observed_data, log_likelihood."""
+    def to_inference_data(
+        self,
+        posterior_predictive: dict | None = None,
+        prior: dict | None = None,
+        coords: dict | None = None,
+        dims: dict | None = None,
+    ):
+        """ArviZ InferenceData: posterior, sample_stats, observed_data, log_likelihood.
+
+        Args:
+            posterior_predictive: draws from :class:`~probtorch.inference.Predictive` with
+                these samples (``(chains * draws, ...)`` or, with ``batch_ndims=2``,
+                ``(chains, draws, ...)``), for the ``posterior_predictive`` group.
+            prior: prior draws (``Predictive(model, num_samples=n)``): observed sites (and
+                the value an ``obs_mask`` site combines) go to ``prior_predictive``, the
+                others to ``prior``.
+            coords, dims: as in ``arviz.from_dict``; ``dims`` overrides the dim names taken
+                from the plates.
+
+        Dims are named after the enclosing plates. Observations a mask leaves out
+        (``obs_mask``, ``handlers.mask``) are not in ``log_likelihood`` and
+        ``observed_data``: a partly masked site has its counted entries along one dim
+        ``{site}_observed``, so that ``az.loo`` sees only real observations.
+
+        Example::
+
+            >>> import torch, probtorch as pt, probtorch.distributions as dist
+            >>> from probtorch.inference import MCMC, NUTS, Predictive
+            >>> def model(y=None):
+            ...     mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+            ...     with pt.plate("obs", 4):
+            ...         pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+            >>> mcmc = MCMC(NUTS(model, compile=False), num_warmup=50, num_samples=50,
+            ...             num_chains=2, progress_bar=False, seed=0)
+            >>> mcmc.run(torch.zeros(4))
+            >>> ppc = Predictive(model, mcmc.get_samples())(seed=0)
+            >>> idata = mcmc.to_inference_data(posterior_predictive=ppc)
+            >>> dict(idata.posterior_predictive["y"].sizes)
+            {'chain': 2, 'draw': 50, 'obs': 4}
+        """
         self._require_run()
-        return to_inference_data(self.kernel.potential, self._samples, self._stats)
+        return to_inference_data(
+            self.kernel.potential,
+            self._samples,
+            self._stats,
+            posterior_predictive=posterior_predictive,
+            prior=prior,
+            coords=coords,
+            dims=dims,
+        )
 
 
 def continuation_seed(seed: int, state: SamplerState) -> int:
