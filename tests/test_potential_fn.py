@@ -90,6 +90,28 @@ def test_potential_fn_one_chain_takes_unbatched_starts(float64):
     torch.testing.assert_close(samples["s"][0], start["s"], rtol=0, atol=1e-5)
 
 
+def test_potential_fn_of_one_tensor_as_in_numpyro(float64):
+    """init_params as one tensor: potential_fn takes one tensor, draws come as "params",
+    the same as the dict form's."""
+
+    def flat_energy(z):
+        return energy({"x": z[:2], "s": z[2]})
+
+    init = _init(2)
+    runs = []
+    for fn, start in (
+        (flat_energy, torch.cat([init["x"], init["s"][:, None]], dim=1)),
+        (energy, init),
+    ):
+        mcmc = _mcmc(NUTS(potential_fn=fn, compile=False), num_warmup=50, num_samples=50,
+                     num_chains=2)  # fmt: skip
+        mcmc.run(init_params=start)
+        runs.append(mcmc.get_samples())
+    assert list(runs[0]) == ["params"] and runs[0]["params"].shape == (100, 3)
+    flat = torch.cat([runs[1]["x"], runs[1]["s"][:, None]], dim=1)
+    torch.testing.assert_close(runs[0]["params"], flat, rtol=0, atol=0)
+
+
 def test_compiled_potential_fn_draws_what_eager_draws_without_recompiles(float64):
     """Compiled (the NUTS block graph over the potential function) against eager with a
     fixed step size; no graph breaks, and a continued run compiles nothing."""
@@ -137,7 +159,8 @@ def test_kernel_needs_exactly_one_of_model_and_potential_fn():
          r"num_chains=2, init_params\['x'\] needs a leading chain dimension of 2.*shape \(3,\)"),
         ({"x": torch.zeros(2, 2), "s": torch.zeros(())}, (), ValueError,
          r"init_params\['s'\] needs a leading chain dimension.*shape \(\)"),
-        ("x", (), TypeError, "must be a non-empty dict"),
+        ("x", (), TypeError, "must be a tensor or a non-empty dict"),
+        (torch.zeros(3), (), ValueError, r"init_params\['params'\] needs a leading chain"),
         ({"x": torch.zeros(2, 2), "s": torch.zeros(2)}, (torch.ones(3),), TypeError,
          "takes no model arguments.*1 positional"),
     ],

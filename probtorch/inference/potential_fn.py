@@ -7,6 +7,9 @@ to start from. probtorch writes it as a model with one flat (improper, real-valu
 per name and a factor of ``-potential_fn(values)``, so it runs on the same potential,
 compiled executors, adaptation and outputs as any model: the draws come back by name from
 ``get_samples``, and the same seed gives the same draws as the equivalent model.
+
+As in NumPyro, ``init_params`` may also be one tensor, and ``potential_fn`` then takes one
+tensor: the draws come back under the name ``"params"`` (:data:`TENSOR_NAME`).
 """
 
 from __future__ import annotations
@@ -20,9 +23,28 @@ from torch.distributions import constraints
 
 from ..primitives import factor, sample
 
-__all__ = ["FACTOR_NAME", "model_from_potential_fn"]
+__all__ = ["FACTOR_NAME", "TENSOR_NAME", "model_from_potential_fn", "named_potential_fn"]
 
 FACTOR_NAME = "potential_fn"  # the factor site that carries -potential_fn(values)
+TENSOR_NAME = "params"  # the site of a potential_fn that takes one tensor
+
+
+def named_potential_fn(potential_fn: Callable, init_params) -> tuple[Callable, dict | None]:
+    """``(potential_fn, init_params)`` in the dict form: a tensor ``init_params`` (NumPyro's
+    array form, ``potential_fn(tensor)``) becomes ``{"params": tensor}``, and the function
+    one that reads it. Other ``init_params`` are returned as they are.
+
+    >>> fn, init = named_potential_fn(lambda x: (x**2).sum(), torch.ones(3))
+    >>> list(init), float(fn({"params": torch.ones(3)}))
+    (['params'], 3.0)
+    """
+    if isinstance(init_params, torch.Tensor):
+
+        def on_one_tensor(values):
+            return potential_fn(values[TENSOR_NAME])
+
+        return on_one_tensor, {TENSOR_NAME: init_params}
+    return potential_fn, init_params
 
 
 class _Flat(ImproperUniform):
@@ -80,7 +102,8 @@ def model_from_potential_fn(
         )
     if not isinstance(init_params, dict) or not init_params:
         raise TypeError(
-            f"init_params for potential_fn must be a non-empty dict of tensors by name, got "
+            f"init_params for potential_fn must be a tensor or a non-empty dict of tensors by "
+            f"name, got "
             f"{init_params!r:.80}"
         )
     if FACTOR_NAME in init_params:

@@ -21,7 +21,7 @@ import torch
 from ...validation import torch_validation
 from ..init_strategies import init_to_uniform
 from ..potential import Potential, initialize_model
-from ..potential_fn import model_from_potential_fn
+from ..potential_fn import model_from_potential_fn, named_potential_fn
 from ..potential_hole import hole_value_and_grad
 from . import sampler_build
 from .adaptation import mass_sqrt_from_inverse, welford_update_batch
@@ -293,8 +293,9 @@ class _HamiltonianKernel:
     ) -> SamplerState:
         model = self.model
         if self.potential_fn is not None:
+            potential_fn, init_params = named_potential_fn(self.potential_fn, init_params)
             model = model_from_potential_fn(
-                self.potential_fn, init_params, num_chains, model_args, model_kwargs
+                potential_fn, init_params, num_chains, model_args, model_kwargs
             )
         potential, z0 = initialize_model(
             model,

@@ -103,11 +103,14 @@ class MCMC:
         self._warm_left_by_run = False
 
     # -- running ------------------------------------------------------------------------
-    def run(self, *args, init_params: dict | None = None, extra_fields=(), **kwargs) -> None:
+    def run(
+        self, *args, init_params: dict | torch.Tensor | None = None, extra_fields=(), **kwargs
+    ) -> None:
         """Warm up (unless continuing from ``post_warmup_state``) and draw samples.
 
         ``init_params`` are constrained initial values per latent site (each with the
-        site's shape, or with a leading ``num_chains`` dimension). After a run,
+        site's shape, or with a leading ``num_chains`` dimension); for a kernel built from
+        ``potential_fn``, the values it takes (a dict, or one tensor). After a run,
         ``post_warmup_state`` holds the adapted chains at the start of sampling, so a
         second ``run`` with the same arguments samples again from there without warming
         up (set it to None for a new warmup, e.g. from other ``init_params``). A run with
