@@ -202,6 +202,17 @@ def _compile_exported(exported, path: str, configs: dict | None = None) -> None:
     """Compile an exported chunk with AOTInductor into the package at ``path``."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path[: -len(".pt2")] + f".tmp{os.getpid()}.pt2"
+    with warnings.catch_warnings():
+        # torch 2.13's AOTInductor deep-copies the graph with a pytree LeafSpec and warns of
+        # its own deprecated isinstance check: not the user's code, so not shown to them
+        warnings.filterwarnings(
+            "ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning
+        )
+        _aoti_compile(exported, tmp, configs)
+    os.replace(tmp, path)  # atomic: readers never see a half-written package
+
+
+def _aoti_compile(exported, tmp: str, configs: dict | None) -> None:
     torch._inductor.aoti_compile_and_package(
         exported,
         package_path=tmp,
@@ -215,7 +226,6 @@ def _compile_exported(exported, path: str, configs: dict | None = None) -> None:
             **(configs or {}),
         },
     )
-    os.replace(tmp, path)  # atomic: readers never see a half-written package
 
 
 def _error_line(error: BaseException) -> str:
