@@ -246,3 +246,29 @@ def test_lean_loop_lays_inputs_out_as_its_package_was_traced(monkeypatch, tmp_pa
     out = loop(_start(), noise, limit)
     expected = ChunkedLoop(_walk, compiled=False)(_start(), noise, limit)
     assert all(torch.equal(a, b) for a, b in zip(out, expected))
+
+
+class _Counted(NamedTuple):
+    x: torch.Tensor
+    n: torch.Tensor
+
+
+def test_chunked_loop_goes_on_guarded_when_an_input_fits_no_compiled_graph():
+    """After two guarded calls the loop skips Dynamo's guards; an input that fits neither
+    compiled graph then makes Dynamo refuse to recompile (before running anything). The loop
+    goes on with guards and gives the eager result, chunk by chunk (nothing is redone)."""
+    mode = [0]
+
+    def iteration(state):
+        return _Counted(state.x * 2 + mode[0], state.n + 1)  # reads a Python value
+
+    def done(state):
+        mode[0] = int(state.n.max()) % 3  # which changes after every chunk
+        return state.n >= 7
+
+    start = _Counted(torch.zeros(2), torch.zeros(2, dtype=torch.long))
+    eager = ChunkedLoop(iteration, chunk_size=1, compiled=False, done=done)(start)
+    loop = ChunkedLoop(iteration, chunk_size=1, done=done)
+    compiled = loop(start)
+    torch.testing.assert_close(compiled.x, eager.x, rtol=0, atol=0)
+    assert int(compiled.n[0]) == 7 and loop.calls == 7

@@ -97,10 +97,19 @@ class ChunkedLoop:
                         return state
                     state = self._chunk(state, *args)
                     self.calls += 1
-                with skip_guards(self.compiled):
-                    while not bool(self.done(state).all()):
-                        state = self._chunk(state, *args)
-                        self.calls += 1
+                unguarded = self.compiled
+                while not bool(self.done(state).all()):
+                    try:
+                        with skip_guards(unguarded):
+                            while not bool(self.done(state).all()):
+                                state = self._chunk(state, *args)
+                                self.calls += 1
+                    except RuntimeError as error:
+                        # an input that none of the compiled graphs fits: Dynamo refuses to
+                        # recompile under the stance (before running anything); go on guarded
+                        if not unguarded or "skip_guard_eval_unsafe" not in str(error):
+                            raise
+                        unguarded = False
             except KeyboardInterrupt:
                 self.interrupted = True
         return state
