@@ -245,6 +245,40 @@ def test_unbatchable_model_error_and_loop_fallback():
     assert out["y"].shape == (4, 5)
 
 
+def test_batched_runs_that_compute_something_else_are_caught():
+    """A reduction without a dim runs over the samples too, and a stack of scalars puts the
+    sample dim second: both run batched without an error. The check against single-sample
+    runs catches them: parallel=True raises, the default loops and gets it right."""
+
+    def model(y=None):
+        with pt.plate("groups", 4):
+            theta = pt.sample("theta", dist.Normal(0.0, 1.0))
+        b = pt.sample("b", dist.Normal(0.0, 1.0))
+        pt.deterministic("coefs", torch.stack([b, 2 * b]))
+        pt.deterministic("total", theta.sum())
+        centered = theta - theta.mean()
+        with pt.plate("groups", 4):
+            pt.sample("y", dist.Normal(centered, 1e-6), obs=y)
+
+    theta, b = torch.randn(6, 4), torch.randn(6)
+    samples = {"theta": theta, "b": b}
+    with pytest.raises(RuntimeError, match="differs from the model's"):
+        Predictive(model, posterior_samples=samples, parallel=True)(seed=0)
+    out = Predictive(model, posterior_samples=samples)(seed=0)
+    torch.testing.assert_close(out["coefs"], torch.stack([b, 2 * b], dim=-1))
+    torch.testing.assert_close(out["total"], theta.sum(-1))
+    centered = theta - theta.mean(-1, keepdim=True)
+    torch.testing.assert_close(out["y"], centered, atol=1e-4, rtol=0)
+
+    def guide(y=None):  # a custom guide with the same mistake
+        with pt.plate("groups", 4):
+            z = pt.sample("theta", dist.Normal(0.0, 1.0))
+        pt.sample("b", dist.Normal(z.sum(), 1e-6))
+
+    draws = Predictive(model, guide=guide, num_samples=5, return_sites=["theta", "b"])(seed=0)
+    torch.testing.assert_close(draws["b"], draws["theta"].sum(-1), atol=1e-4, rtol=0)
+
+
 def test_matrix_times_vector_latent_runs_by_default():
     """`X @ w` does not batch (X is (N, D), w gets (S, D)): the default loops instead of failing."""
 
@@ -312,7 +346,7 @@ def test_vector_latent_times_matrix_batches_with_pyro_layout():
 
     X = torch.randn(50, 4)
     samples = {"w": torch.randn(7, 4)}
-    batched = Predictive(model, posterior_samples=samples)(X, seed=0)
+    batched = Predictive(model, posterior_samples=samples, parallel=True)(X, seed=0)
     looped = Predictive(model, posterior_samples=samples, parallel=False)(X, seed=0)
     assert batched["y"].shape == (7, 50)
     torch.testing.assert_close(batched["y"], samples["w"] @ X.T, atol=1e-4, rtol=0)

@@ -282,17 +282,20 @@ def _run(fn, samples, num_samples, proto, names, parallel, args, kwargs):
     first_error = None
     for rule in ("batch", "shape"):
         try:
-            return _run_parallel(fn, samples, num_samples, proto, names, args, kwargs, rule)
+            tr, out = _run_parallel(fn, samples, num_samples, proto, names, args, kwargs, rule)
+            _check_per_sample(fn, tr, out, proto, samples, num_samples, names, args, kwargs)
+            return out
         except Exception as error:  # noqa: BLE001  (the first layout's error is reported)
             first_error = first_error or error
     if parallel is None:
         return _run_loop(fn, samples, num_samples, names, args, kwargs)
     raise RuntimeError(
         f"Predictive(parallel=True) runs the model once for all {num_samples} samples, with "
-        f"the samples along batch dim {-(nesting + 1)}, and the model failed: "
+        f"the samples along batch dim {-(nesting + 1)}, and that run failed: "
         f"{type(first_error).__name__}: {first_error}. The model must broadcast over that dim "
-        f"(use plates; avoid .item() and reshapes of latent values), or pass parallel=False "
-        f"(or leave parallel out) to run it once per sample."
+        f"(use plates; name the dims of reductions such as x.sum(-1); avoid .item() and "
+        f"reshapes of latent values), or pass parallel=False (or leave parallel out) to run "
+        f"it once per sample."
     ) from first_error
 
 
@@ -314,7 +317,8 @@ def _run_parallel(fn, samples, num_samples, proto, names, args, kwargs, rule):
       event-shaped latents (``(x * w).sum(-1)``);
     - ``"shape"``: Pyro's layout, ``max_plate_nesting - value.dim()`` ones (none for a vector
       latent), which suits ``w @ X.T`` with a vector latent ``w``.
-    Raises if the model fails or a site comes out with a shape that does not fit.
+    Returns the batched run's trace and the values of ``names`` by sample. Raises if the
+    model fails or a site comes out with a shape that does not fit.
     """
     nesting = _max_plate_nesting(proto)
     data = {}
@@ -344,4 +348,87 @@ def _run_parallel(fn, samples, num_samples, proto, names, args, kwargs, rule):
                     f"at once, which does not fit its shape {tuple(proto[name].value.shape)} "
                     f"in one run"
                 ) from None
-    return out
+    return tr, out
+
+
+def _by_sample(value: torch.Tensor, num_samples: int, shape: torch.Size) -> torch.Tensor:
+    """A batched run's ``value`` as ``(num_samples, *shape)``: the sample dim leftmost (as
+    the batched run puts it), or absent where the value does not depend on the sample."""
+    if value.numel() == num_samples * math.prod(shape):
+        return value.reshape((num_samples,) + tuple(shape))
+    return torch.broadcast_to(value.reshape(shape), (num_samples,) + tuple(shape))
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape:
+        return False
+    if not (a.is_floating_point() or a.is_complex()):
+        return bool(torch.equal(a, b))
+    tol = 1e-10 if a.dtype == torch.float64 else 1e-4
+    return bool(torch.allclose(a, b.to(a.dtype), rtol=tol, atol=tol, equal_nan=True))
+
+
+def _summary(fn, value: torch.Tensor) -> list[torch.Tensor]:
+    """What identifies a site's distribution for the check: its mean and variance where
+    both are defined and finite, otherwise its log density at ``value``."""
+    try:
+        moments = [fn.mean, fn.variance]
+    except (NotImplementedError, AttributeError, ValueError, RuntimeError):
+        moments = []
+    if moments and all(bool(torch.isfinite(m).all()) for m in moments):
+        return moments
+    return [fn.log_prob(value)]
+
+
+def _check_per_sample(fn, tr, out, proto, samples, num_samples, names, args, kwargs):
+    """Check a batched run against unbatched runs of its first and last sample.
+
+    A model can run batched and still compute something else: a reduction without a dim
+    (``theta.sum()``, ``theta - theta.mean()``) runs over the samples too, and a stack of
+    scalars puts the sample dim second. Each checked sample runs alone on the batched run's
+    values of every sample site; its deterministic sites must equal the batched ones, and
+    the distributions of the sites it draws must give the batched run's draws the log
+    densities the batched distributions give them (the given samples' own densities need
+    not batch: ``w @ X.T`` works with Pyro's layout, where they do not). Raises
+    ``ValueError`` where they differ."""
+    sites = {
+        name: site
+        for name, site in tr.items()
+        if site.type in ("sample", "deterministic") and name in proto
+    }
+    for i in sorted({0, num_samples - 1}):
+        data, batched_lp = {}, {}
+        for name, site in sites.items():
+            if site.type != "sample":
+                continue
+            try:
+                data[name] = _by_sample(site.value, num_samples, proto[name].value.shape)[i]
+            except RuntimeError:
+                raise ValueError(f"site {name!r} does not batch over the samples") from None
+            if name not in samples:
+                batched_lp[name] = _summary(site.fn, site.value)
+        one = trace(substitute(fn, data=data)).get_trace(*args, **kwargs)
+        for name, site in sites.items():
+            single = one.get(name)
+            if single is None:
+                raise ValueError(f"site {name!r} is missing from the run of sample {i} alone")
+            if site.type == "deterministic" or name in names:
+                batched = out[name][i] if name in out else None
+                if batched is None:
+                    batched = _by_sample(site.value, num_samples, single.value.shape)[i]
+                if not _close(batched, single.value):
+                    raise ValueError(
+                        f"site {name!r}: the batched run's value for sample {i} differs from "
+                        f"the model's value for that sample alone"
+                    )
+            if name in batched_lp:
+                alone = _summary(single.fn, data[name])
+                batched = [
+                    _by_sample(b, num_samples, a.shape)[i] for b, a in zip(batched_lp[name], alone)
+                ]
+                if len(batched) != len(alone) or not all(map(_close, batched, alone)):
+                    raise ValueError(
+                        f"site {name!r}: the batched run's distribution for sample {i} differs "
+                        f"from the model's distribution for that sample alone (does the model "
+                        f"reduce over a dim it does not name, e.g. x.sum() or x.mean()?)"
+                    )
