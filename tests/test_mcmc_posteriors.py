@@ -209,3 +209,31 @@ def test_linear_regression_correlated_design_dense_mass():
     assert inverse_mass.shape == (NUM_CHAINS, 3, 3)
     adapted_corr = inverse_mass[:, 1, 2] / (inverse_mass[:, 1, 1] * inverse_mass[:, 2, 2]).sqrt()
     assert (adapted_corr < -0.9).all()
+
+
+# -- (f) ordinal regression (OrderedLogistic), posterior by quadrature -----------------------
+ORD_CUTPOINTS = torch.tensor([-0.5, 0.5], dtype=torch.float64)
+
+
+def ordinal(x, y):
+    slope = pt.sample("slope", dist.Normal(0.0, 5.0))
+    with pt.plate("n", x.shape[0]):
+        pt.sample("y", dist.OrderedLogistic(slope * x, ORD_CUTPOINTS), obs=y)
+
+
+def test_ordered_logistic_regression_against_quadrature():
+    """OrderedLogistic under NUTS (its probabilities built without in-place writes, which
+    vmap over chains cannot batch); the one-dimensional posterior by quadrature."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(40, generator=g, dtype=torch.float64)
+    y = (x > -0.3).long() + (x > 0.8).long()
+    grid = torch.linspace(-5.0, 15.0, 40001, dtype=torch.float64)
+    below = torch.sigmoid(ORD_CUTPOINTS - grid[:, None, None] * x[None, :, None])  # P(y <= k)
+    zero, one = torch.zeros_like(below[..., :1]), torch.ones_like(below[..., :1])
+    probs = torch.diff(torch.cat([zero, below, one], dim=-1), dim=-1)  # P(y = k)
+    log_lik = probs.gather(-1, y.expand(grid.shape[0], -1)[..., None]).log().sum((-2, -1))
+    log_post = dist.Normal(0.0, 5.0).log_prob(grid) + log_lik
+    weights = torch.softmax(log_post, 0)
+    mean = float((weights * grid).sum())
+    sd = float((weights * (grid - mean) ** 2).sum().sqrt())
+    _check_posterior(_run(NUTS(ordinal), x, y), Exact({"slope": mean}, {"slope": sd}))

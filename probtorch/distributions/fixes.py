@@ -124,7 +124,32 @@ class Multinomial(pyro_dist.Multinomial):
 
 
 class OrderedLogistic(pyro_dist.OrderedLogistic):
-    """Pyro's ``OrderedLogistic(predictor, cutpoints)``, compilable with ``fullgraph=True``."""
+    """Pyro's ``OrderedLogistic(predictor, cutpoints)``, compilable with ``fullgraph=True``
+    and batched by ``torch.func.vmap`` (NUTS evaluates models under ``vmap``): Pyro's
+    constructor fills category probabilities into a new tensor in place, which ``vmap``
+    cannot batch; this one concatenates them (the same values).
+
+    Example::
+
+        >>> d = OrderedLogistic(torch.tensor(0.0), torch.tensor([-1.0, 1.0]))
+        >>> d.probs
+        tensor([0.2689, 0.4621, 0.2689])
+    """
+
+    def __init__(self, predictor, cutpoints, validate_args=None):
+        predictor, cutpoints = torch.as_tensor(predictor), torch.as_tensor(cutpoints)
+        q = torch.sigmoid(cutpoints - predictor.unsqueeze(-1))
+        self.predictor = predictor.expand(q.shape[:-1])
+        self.cutpoints = cutpoints.expand(q.shape)
+        p = torch.cat([q[..., :1], q[..., 1:] - q[..., :-1], 1 - q[..., -1:]], dim=-1)
+        pyro_dist.Categorical.__init__(self, p, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        new = _instance if _instance is not None else type(self).__new__(type(self))
+        new.predictor = self.predictor.expand(batch_shape)
+        new.cutpoints = self.cutpoints.expand(batch_shape + (self.cutpoints.shape[-1],))
+        return pyro_dist.Categorical.expand(self, batch_shape, new)
 
     def log_prob(self, value):
         if torch.compiler.is_compiling():

@@ -449,7 +449,8 @@ class Potential:
             torch.func.vmap(run)(z.detach())
         except RuntimeError as vmapped_error:
             where = (
-                f"after site {collect.sites[-1].name!r}"
+                f"after site {collect.sites[-1].name!r} (in the code that follows it, up to "
+                f"the next site, e.g. building that site's distribution)"
                 if collect.sites
                 else "before its first site"
             )
