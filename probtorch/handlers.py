@@ -327,7 +327,17 @@ def _check_scale(scale) -> None:
         # a tensor scale is checked where its values can be read: on eager runs (the first
         # run of a model), not inside a compiled sampler that takes it as an input
         if readable(scale) and not bool(torch.all(scale > 0)):
-            raise ValueError(f"scale must be positive, got a tensor with values {scale}")
+            bad = (~(scale > 0)).nonzero()
+            shown = ", ".join(
+                f"{tuple(i.tolist()) if len(i) > 1 else int(i[0]) if len(i) else '()'}: "
+                f"{float(scale[tuple(i)]):g}"
+                for i in bad[:5]
+            )
+            more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+            raise ValueError(
+                f"scale must be positive; the tensor of shape {tuple(scale.shape)} has "
+                f"{len(bad)} entries at or below 0 (index: value) {shown}{more}"
+            )
     elif not scale > 0:
         raise ValueError(f"scale must be positive, got {scale}")
 

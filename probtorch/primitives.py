@@ -105,12 +105,28 @@ def _masked_observe(name, fn, obs, obs_mask, infer):
         raise ValueError(f"sample site {name!r}: obs_mask was given without obs")
     obs = torch.as_tensor(obs)
     obs_mask = torch.as_tensor(obs_mask, dtype=torch.bool)
+    event_shape = tuple(fn.event_shape)
+    obs_batch = tuple(obs.shape[: max(obs.dim() - len(event_shape), 0)])
+    try:
+        fits = torch.broadcast_shapes(obs_mask.shape, obs_batch) == obs_batch
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"sample site {name!r}: obs_mask of shape {tuple(obs_mask.shape)} does not fit obs "
+            f"of shape {tuple(obs.shape)}: the mask must broadcast to the batch shape "
+            f"{obs_batch} of obs ({type(fn).__name__} has event_shape {event_shape})"
+        )
     unobserved = sample(f"{name}_unobserved", fn, infer=infer)
-    sample(f"{name}_observed", fn.mask(obs_mask), obs=obs, infer=infer)
     # The mask indexes batch elements; broadcast it over the event dims.
     mask = obs_mask[(...,) + (None,) * fn.event_dim]
-    # The combined value is recorded under ``name``, as in Pyro and NumPyro.
-    return deterministic(name, torch.where(mask, obs, unobserved))
+    # Entries left out by the mask count for nothing; they are filled with the imputed
+    # values so that any filler (NaN, as pandas gives) passes the support check.
+    filled = torch.where(mask, obs, unobserved.detach().to(obs.dtype))
+    observed = sample(f"{name}_observed", fn.mask(obs_mask), obs=filled, infer=infer)
+    # The combined value is recorded under ``name``, as in Pyro and NumPyro: in Predictive,
+    # where observations are drawn anew, it is a replicate of the data.
+    return deterministic(name, torch.where(mask, observed, unobserved))
 
 
 def _param_default(msg: Message) -> torch.Tensor:

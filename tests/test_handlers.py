@@ -635,3 +635,10 @@ def test_outermost_value_setting_handler_wins():
         with substitute(data={"c": torch.tensor(1.5)}), replay(trace=guide_trace):
             composed_model(DATA)
     assert float(tr["c"].value) == 1.5
+
+
+def test_scale_error_shows_where_a_tensor_is_not_positive():
+    weights = torch.ones(200)
+    weights[3], weights[17] = 0.0, -0.5
+    with pytest.raises(ValueError, match=r"shape \(200,\) has 2 entries.*3: 0, 17: -0.5$"):
+        scale(obs_model, scale=weights)

@@ -310,10 +310,10 @@ def test_inference_data_dims_are_named_after_plates_and_masked_observations_left
     assert idata.posterior["y_unobserved"].dims == ("chain", "draw", "data")
     assert idata.posterior["y"].dims == ("chain", "draw", "data")  # deterministic, in the plate
     # the masked observation is in neither the log likelihood nor the observed data
-    assert idata.observed_data["y_observed"].dims == ("y_observed_observed",)
+    assert idata.observed_data["y_observed"].dims == ("y_observed_counted",)
     np.testing.assert_array_equal(idata.observed_data["y_observed"].values, y[:6].numpy())
     loglik = idata.log_likelihood["y_observed"]
-    assert loglik.dims == ("chain", "draw", "y_observed_observed") and loglik.shape == (2, 30, 6)
+    assert loglik.dims == ("chain", "draw", "y_observed_counted") and loglik.shape == (2, 30, 6)
     grouped = mcmc.get_samples(group_by_chain=True)
     means, sd = grouped["means"].numpy(), grouped["sd"].numpy()[..., None]
     expected = stats.norm(means[..., group[:6].numpy()], sd).logpdf(y[:6].numpy())
@@ -332,6 +332,16 @@ def test_inference_data_dims_are_named_after_plates_and_masked_observations_left
     assert set(idata.prior_predictive.data_vars) == {"y"}
     assert idata.prior_predictive["y"].dims == ("chain", "draw", "data")
     assert idata.prior_predictive["y"].shape == (1, 20, 7)
+    # the masked site's predictive draws are cut to its counted entries, as its observations
+    masked_ppc = Predictive(_grouped, samples)(group, y, counted, seed=0)
+    assert masked_ppc["y"].shape == (60, 7)
+    assert not torch.equal(masked_ppc["y"][:, :6], y[:6].expand(60, 6))  # replicates, not data
+    masked = mcmc.to_inference_data(posterior_predictive=masked_ppc)
+    draws = masked.posterior_predictive["y_observed"]
+    assert draws.dims == ("chain", "draw", "y_observed_counted") and draws.shape == (2, 30, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert az.loo_pit(masked, y="y_observed").shape == (6,)
     # user dims and coords win over the plate names
     named = mcmc.to_inference_data(coords={"school": ["a", "b", "c"]}, dims={"means": ["school"]})
     assert list(named.posterior["means"].coords["school"].values) == ["a", "b", "c"]
@@ -416,7 +426,8 @@ def test_warmup_then_run_samples_without_warming_up_again(chain_method, monkeypa
 def test_continued_run_draws_a_stream_of_its_own():
     """A run continued from ``last_state`` does not restart the seed's random stream: a
     fresh run from the same point, step size and metric with the same seed draws other
-    momenta, so other draws. The same state continued twice gives the same draws."""
+    momenta, so other draws. The same state set and continued twice gives the same draws
+    (a run continuing the state a run left draws anew: see below)."""
     y = _vector_data()
     options = {"num_warmup": 0, "num_samples": 20, "step_size": 0.1, "adapt_step_size": False}
     first = _mcmc(**options)
@@ -800,6 +811,65 @@ def test_tensor_scale_given_as_data_is_an_input_of_the_compiled_sampler(executor
     assert abs(draws.std() / sd - 1) < 0.15
     with pytest.raises(ValueError, match="scale must be positive"):
         mcmc.run(y, torch.tensor([1.0, -2.0, 0.5]))
+
+
+_GLOBAL = {"y": torch.full((20,), 3.0), "noise": 1.0}
+
+
+def _reads_globals():
+    mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+    with pt.plate("n", 20):
+        pt.sample("y", dist.Normal(mu, _GLOBAL["noise"]), obs=_GLOBAL["y"])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_run_after_a_global_the_model_reads_changed_warms_up_anew(compiled, monkeypatch):
+    """Arguments are compared by identity; a model reading a global that changed (rebound,
+    changed in place, a number) gives another potential at the kept state: the next run
+    warms up anew (with a warning) instead of continuing under the old model (whose compiled
+    sampler held the old values, and whose eager run diverged everywhere)."""
+    monkeypatch.setitem(_GLOBAL, "y", torch.full((20,), 3.0))
+    monkeypatch.setitem(_GLOBAL, "noise", 1.0)
+    kernel = NUTS(_reads_globals, compile=compiled, executor="quick")
+    mcmc = MCMC(kernel, num_warmup=150, num_samples=150, num_chains=2, progress_bar=False,
+                seed=0)  # fmt: skip
+    mcmc.run()
+    assert abs(float(mcmc.get_samples()["mu"].mean()) - 3.0) < 0.2
+    for change, expected in [
+        (lambda: _GLOBAL.__setitem__("y", torch.full((20,), -5.0)), -5.0),
+        (lambda: _GLOBAL["y"].fill_(10.0), 10.0),
+        (lambda: _GLOBAL.__setitem__("noise", 0.01), 10.0),
+    ]:
+        change()
+        with pytest.warns(UserWarning, match="differs from the last run's.*warming up anew"):
+            mcmc.run()
+        mu = mcmc.get_samples()["mu"]
+        assert abs(float(mu.mean()) - expected) < 0.2
+        assert int(mcmc.get_extra_fields()["diverging"].sum()) == 0
+    assert float(mu.std()) < 0.01  # noise 0.01: sd of the mean 0.01 / sqrt(20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        mcmc.run()  # nothing changed: continues without a warning
+
+
+def test_runs_continued_from_one_state_draw_anew_and_reproducibly():
+    """run() after warmup(), again and again: each run starts at the same post-warmup state
+    and draws a stream of its own (they were identical); the same sequence of calls on a
+    new MCMC with the same seed gives the same draws."""
+
+    def draws():
+        mcmc, y = _mcmc(normal_model, num_warmup=40, num_samples=20), _data()
+        mcmc.warmup(y)
+        out = []
+        for _ in range(3):
+            mcmc.run(y)
+            out.append(mcmc.get_samples()["mu"])
+        return out
+
+    first, again = draws(), draws()
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
 
 
 def test_python_branch_on_a_latent_value_is_named_with_advice():

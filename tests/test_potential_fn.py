@@ -198,6 +198,32 @@ def test_model_init_params_errors_name_the_site(init_params, match):
         _run(NUTS(model, compile=False), init_params)
 
 
+def _regression(X, y):
+    beta = pt.sample("beta", dist.Normal(torch.zeros(X.shape[1]), 5.0).to_event(1))
+    s = pt.sample("s", dist.HalfNormal(1.0))
+    with pt.plate("n", X.shape[0]):
+        pt.sample("y", dist.Normal(X @ beta, s), obs=y)
+
+
+def test_bad_starts_are_blamed_on_their_own_site():
+    """A start outside its support is named at its site, not at a later site that uses it
+    (it was "site 'y': parameter 'scale' of Normal"); init_to_value's values are checked
+    for shape and support."""
+    from probtorch.inference import init_to_value
+
+    X, y = torch.randn(10, 3), torch.randn(10)
+    with pytest.raises(ValueError, match=r"init_params\['s'\] \(chain 0\) lies outside the "
+                       r"support of site 's' \(HalfNormal"):  # fmt: skip
+        _run(NUTS(_regression, compile=False), {"beta": torch.zeros(3), "s": -1.0}, 2, X, y)
+    for values, match in [
+        ({"beta": torch.ones(2)}, r"values\['beta'\] has shape \(2,\); site 'beta' .*\(3,\)"),
+        ({"s": torch.tensor(-1.0)}, r"values\['s'\] lies outside the support .* site 's'"),
+    ]:
+        kernel = NUTS(_regression, compile=False, init_strategy=init_to_value(values=values))
+        with pytest.raises(ValueError, match=match):
+            _run(kernel, None, 2, X, y)
+
+
 def test_init_params_where_a_support_depends_on_another_site():
     """x ~ Uniform(0, a): each chain's x is mapped to unconstrained space under its own a
     (the model runs at the given values), and checked against that support."""

@@ -105,7 +105,10 @@ def test_sample_obs_mask_sites_and_value(f64):
     assert list(tr) == ["data", "y_unobserved", "y_observed", "y"]
     unobserved, observed = tr["y_unobserved"], tr["y_observed"]
     assert not unobserved.is_observed and unobserved.value.shape == (5,)
-    assert observed.is_observed and torch.equal(observed.value, obs)
+    # the observed site's entries left out by the mask hold the imputed values (any filler
+    # the data have there, NaN say, counts for nothing and need not lie in the support)
+    assert observed.is_observed
+    assert torch.equal(observed.value, torch.where(obs_mask, obs, unobserved.value))
     # the combined value: observed entries where the mask is True, imputed elsewhere
     expected = torch.where(obs_mask, obs, unobserved.value)
     assert torch.equal(value, expected)
@@ -122,6 +125,23 @@ def test_sample_obs_mask_sites_and_value(f64):
     np.testing.assert_allclose(lp["y_observed"].numpy(), np.where(m, ref_obs, 0.0), rtol=1e-12)
     np.testing.assert_allclose(lp["y_unobserved"].numpy(), ref_unobs, rtol=1e-12)
     assert tr.log_likelihood().keys() == {"y_observed"}
+
+
+def test_obs_mask_takes_nan_filler_and_names_a_mask_that_does_not_fit():
+    obs = torch.tensor([1.0, float("nan"), 3.0, float("nan")])
+    obs_mask = ~obs.isnan()
+
+    def model(mask=obs_mask):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        with pt.plate("data", 4):
+            return pt.sample("y", dist.Normal(mu, 1.0), obs=obs, obs_mask=mask)
+
+    tr = trace(seed(model, rng_seed=0)).get_trace()
+    assert bool(torch.isfinite(tr["y"].value).all())
+    assert bool(torch.isfinite(tr.log_prob_sum()))
+    with pytest.raises(ValueError, match=r"'y': obs_mask of shape \(3,\) does not fit obs of "
+                       r"shape \(4,\).*batch shape \(4,\)"):  # fmt: skip
+        trace(seed(model, rng_seed=0)).get_trace(torch.tensor([True, False, True]))
 
 
 def test_sample_obs_mask_broadcasts_over_event_dims(f64):

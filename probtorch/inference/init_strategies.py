@@ -116,7 +116,20 @@ def init_to_value(site: Message | None = None, values: dict | None = None, radiu
     if not _is_latent(site):
         return None
     if values is not None and site.name in values:
-        return torch.as_tensor(values[site.name], dtype=_dtype_of(site))
+        value = torch.as_tensor(values[site.name], dtype=_dtype_of(site))
+        shape = site.fn.shape(torch.Size(site.kwargs.get("sample_shape", ())))
+        if value.shape != shape:
+            raise ValueError(
+                f"init_to_value: values[{site.name!r}] has shape {tuple(value.shape)}; site "
+                f"{site.name!r} ({type(site.fn).__name__}) has shape {tuple(shape)}"
+            )
+        support = site.fn.support
+        if not bool(support.check(value).all()):
+            raise ValueError(
+                f"init_to_value: values[{site.name!r}] lies outside the support {support} of "
+                f"site {site.name!r} ({type(site.fn).__name__})"
+            )
+        return value
     return init_to_uniform(site, radius=radius)
 
 

@@ -651,17 +651,22 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
         # the model runs at the given values, so a support that depends on other latents
         # (x ~ Uniform(0, a)) is the one at this chain's a
         start = {name: v[chain] for name, v in values.items()}
+
+        def checked(site, start=start, chain=chain):
+            # checked as each site is reached: a start outside its support would otherwise
+            # fail a later site that uses it (a negative scale), which the error would name
+            value = start.get(site.name)
+            if value is not None and not bool(site.fn.support.check(value).all()):
+                raise ValueError(
+                    f"init_params[{site.name!r}] (chain {chain}) lies outside the support of "
+                    f"site {site.name!r} ({type(site.fn).__name__}, support {site.fn.support})"
+                )
+            return value
+
         tr = _run_traced(
             potential.model, potential.model_args, potential.model_kwargs, 0,
-            substitute_fn=lambda site, start=start: start.get(site.name),
+            substitute_fn=checked,
         )  # fmt: skip
-        for s in potential.sites:
-            fn = tr[s.name].fn
-            if not bool(fn.support.check(start[s.name]).all()):
-                raise ValueError(
-                    f"init_params[{s.name!r}] (chain {chain}) lies outside the support of "
-                    f"site {s.name!r} ({type(fn).__name__}, support {fn.support})"
-                )
         rows.append(_pack_trace(potential, tr))  # a start on a boundary: _check_finite
     return torch.stack(rows).detach()
 

@@ -148,7 +148,8 @@ def to_inference_data(
 
     Dims are named after the plates; observations a mask leaves out (``obs_mask``,
     ``handlers.mask``) are left out of ``log_likelihood`` and ``observed_data``, whose
-    counted entries lie along one dim ``{site}_observed`` (for LOO).
+    counted entries lie along one dim ``{site}_counted`` (for LOO); so do its predictive
+    draws.
     """
     az = _arviz()
     trace = potential.prototype_trace
@@ -188,7 +189,7 @@ def to_inference_data(
         names = site_dim_names[name]
         if counted[name] is not None:
             value = value[counted[name]]
-            names = [f"{name}_observed"] + names[batch_ndim:]
+            names = [f"{name}_counted"] + names[batch_ndim:]
             batch_ndim = 1
         observed[name] = _numpy(value)
         observed_dims[name], pointwise_dims[name] = names, names[:batch_ndim]
@@ -203,9 +204,20 @@ def to_inference_data(
                 value = value[:, :, counted[name]]
             log_likelihood[name] = _numpy(value)
         groups["log_likelihood"] = dataset(log_likelihood, None, pointwise_dims)
+
+    def counted_only(values: dict) -> dict:
+        """Predictive draws of a partly masked site at its counted entries, as in
+        observed_data (so that ArviZ's checks pair each draw with its observation)."""
+        return {
+            k: v[(slice(None), slice(None), _numpy(counted[k]))]
+            if counted.get(k) is not None
+            else v
+            for k, v in values.items()
+        }
+
     if posterior_predictive:
         values = {k: _chains_and_draws(v, C, S) for k, v in posterior_predictive.items()}
-        groups["posterior_predictive"] = dataset(values, None)
+        groups["posterior_predictive"] = dataset(counted_only(values), None, observed_dims)
     if prior:
         values = {k: _numpy(v)[None] for k, v in prior.items()}
         # an observed site, or the value that an obs_mask site combines
@@ -217,5 +229,5 @@ def to_inference_data(
         if latent:
             groups["prior"] = dataset(latent, None)
         if predictive:
-            groups["prior_predictive"] = dataset(predictive, None)
+            groups["prior_predictive"] = dataset(counted_only(predictive), None, observed_dims)
     return az.InferenceData(**groups)

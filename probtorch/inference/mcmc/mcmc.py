@@ -84,6 +84,8 @@ class MCMC:
         # whether post_warmup_state was left by run() (not by warmup() or the user): such a
         # state is continued only with the same arguments
         self._warm_left_by_run = False
+        self._model_changed = False
+        self._continued_runs = 0  # runs that continued this state (each draws its own stream)
         self.last_state: SamplerState | None = None
         self._samples: dict[str, torch.Tensor] | None = None  # (C, S, ...)
         self._stats: dict[str, torch.Tensor] | None = None  # (C, S)
@@ -101,6 +103,7 @@ class MCMC:
     def post_warmup_state(self, state: SamplerState | None) -> None:
         self._post_warmup_state = state
         self._warm_left_by_run = False
+        self._continued_runs = 0  # a state set anew continues as its first continuation
 
     # -- running ------------------------------------------------------------------------
     def run(
@@ -184,6 +187,15 @@ class MCMC:
         potential = self.kernel.potential
         if given is not None and self._warm_left_by_run and not _same_args(potential, args, kwargs):
             given = None  # the previous run adapted to other data: warm up anew
+        self._model_changed = given is not None and _model_changed(potential, given)
+        if self._model_changed and self._warm_left_by_run:
+            warnings.warn(
+                "the model's potential energy at the chains' positions differs from the last "
+                "run's with the same arguments (the model reads something else that changed, "
+                "e.g. a global tensor or number): warming up anew",
+                stacklevel=3,
+            )
+            given = None
         continuing = given is not None
         if continuing and init_params is not None:
             raise ValueError(
@@ -195,7 +207,11 @@ class MCMC:
             # a continued run draws a stream of its own: restarting the seed's stream would
             # drive it with the same momenta as the run it continues (NumPyro carries its
             # key in the state for the same reason)
-            torch.manual_seed(continuation_seed(seed, given) if continuing else seed)
+            if continuing:
+                torch.manual_seed(continuation_seed(seed, given, self._continued_runs))
+                self._continued_runs += 1
+            else:
+                torch.manual_seed(seed)
             state = self._setup(args, kwargs, seed, init_params, given)
             phase = (continuing, warmup_only, collect_warmup)
             self.interrupted, self._interrupted_in = False, None
@@ -218,7 +234,9 @@ class MCMC:
             warnings.warn(note, stacklevel=3)
         if warm is not None and len(warm.z) != self.num_chains:  # chains dropped (sequential)
             warm = given  # the given one still holds (None when not continuing)
-        self.post_warmup_state = warm
+        if warm is not given:  # a new state: its continuations count from zero
+            self._continued_runs = 0
+        self._post_warmup_state = warm
         self._warm_left_by_run = not warmup_only
         self.last_state = state
         self._collect(draws, stats)
@@ -252,7 +270,12 @@ class MCMC:
                 f"num_chains={self.num_chains} (a run interrupted in sequential chains keeps "
                 f"fewer; continue with MCMC(..., num_chains={len(warm.z)}))"
             )
-        if warm is not None and potential is not None and _same_args(potential, args, kwargs):
+        if (
+            warm is not None
+            and potential is not None
+            and _same_args(potential, args, kwargs)
+            and not self._model_changed
+        ):
             return warm  # continue: the kernel's compiled functions are reused
         state = self.kernel.setup(args, kwargs, self.num_chains, seed, init_params=init_params)
         if warm is None:
@@ -385,7 +408,8 @@ class MCMC:
         Dims are named after the enclosing plates. Observations a mask leaves out
         (``obs_mask``, ``handlers.mask``) are not in ``log_likelihood`` and
         ``observed_data``: a partly masked site has its counted entries along one dim
-        ``{site}_observed``, so that ``az.loo`` sees only real observations.
+        ``{site}_counted`` (in the predictive groups too), so that ``az.loo`` sees only
+        real observations and ``az.loo_pit`` pairs each observation with its draws.
 
         Example::
 
@@ -415,9 +439,27 @@ class MCMC:
         )
 
 
-def continuation_seed(seed: int, state: SamplerState) -> int:
-    """The seed of a run that continues from ``state``: a hash of ``seed`` and the state's
-    positions and step sizes (the same state and seed give the same draws).
+def _model_changed(potential, state: SamplerState) -> bool:
+    """Whether the model's potential energy at ``state``'s positions (evaluated now, eagerly)
+    differs from the one the state holds beyond rounding: the model reads something besides
+    its arguments (a global) that changed since the state was made. Arguments are compared
+    by :func:`_same_args`; a state whose arguments differ is not checked here."""
+    if potential is None or not potential.arguments_unchanged():
+        return False
+    try:
+        pe, _ = potential.eager_value_and_grad(state.z)
+    except (RuntimeError, ValueError):
+        return True  # the model no longer runs where it did
+    kept = state.potential_energy
+    tol = 1e-9 if kept.dtype == torch.float64 else 1e-4
+    return not bool(torch.allclose(pe.to(kept.dtype), kept, rtol=tol, atol=tol, equal_nan=True))
+
+
+def continuation_seed(seed: int, state: SamplerState, count: int = 0) -> int:
+    """The seed of a run that continues from ``state``: a hash of ``seed``, the state's
+    positions and step sizes, and ``count``, the number of runs this MCMC continued before
+    (the same seed, state and count give the same draws; a second run from the same
+    post-warmup state draws anew).
 
     Example::
 
@@ -426,8 +468,10 @@ def continuation_seed(seed: int, state: SamplerState) -> int:
         >>> s = SamplerState(*(torch.zeros(2, 3),) * 6)
         >>> continuation_seed(0, s) == continuation_seed(0, s) != continuation_seed(1, s)
         True
+        >>> continuation_seed(0, s, 1) != continuation_seed(0, s, 0)
+        True
     """
-    h = hashlib.sha256(str(int(seed)).encode())
+    h = hashlib.sha256(f"{int(seed)}/{int(count)}".encode() if count else str(int(seed)).encode())
     for x in (state.z, state.step_size):
         h.update(x.detach().cpu().contiguous().numpy().tobytes())
     return int.from_bytes(h.digest()[:8], "little") % 2**62
