@@ -251,6 +251,10 @@ def test_split_rank_rhat_is_arviz_rhat_and_covers_one_chain():
     assert split_rank_rhat(stuck) > 1.5 and split_rank_rhat(mixed) < 1.01
     table = summary_table({"x": torch.from_numpy(mixed), "y": torch.from_numpy(stuck)})
     assert "nan" not in table
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ArviZ warned on constant draws
+        fixed = summary_table({"c": torch.ones(2, 50)}).splitlines()[1].split()
+    assert fixed[-2:] == ["nan", "nan"]  # no ESS or R-hat for a constant
     rhats = [float(line.split()[-1]) for line in table.splitlines()[1:]]
     assert rhats == pytest.approx([split_rank_rhat(mixed), split_rank_rhat(stuck)], abs=1e-3)
 

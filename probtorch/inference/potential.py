@@ -401,39 +401,32 @@ class Potential:
                 f"got {tuple(z.shape)}"
             )
 
-    def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        """Potential energy, shape ``(chains,)``."""
+    def _explained(self, fn, z: torch.Tensor):
+        """``fn(z)`` with ``z`` checked and validation off; a failure of the model is
+        explained (:meth:`_explain_failure`)."""
         self._check_z(z)
         with torch_validation(False):
             try:
-                return self._value(z)
+                return fn(z)
             except RuntimeError as error:
                 self._explain_failure(z, error)
                 raise
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        """Potential energy, shape ``(chains,)``."""
+        return self._explained(self._value, z)
 
     potential_energy = __call__
 
     def value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Potential energy ``(chains,)`` and its gradient ``(chains, dim)``."""
-        self._check_z(z)
-        with torch_validation(False):
-            try:
-                grad, value = self._value_and_grad(z)
-            except RuntimeError as error:
-                self._explain_failure(z, error)
-                raise
+        grad, value = self._explained(self._value_and_grad, z)
         return value, grad
 
     def eager_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`value_and_grad` evaluated eagerly (no compile), for a few calls at set-up;
         a failure of the model is explained as there."""
-        self._check_z(z)
-        with torch_validation(False):
-            try:
-                return self.raw_value_and_grad(z)
-            except RuntimeError as error:
-                self._explain_failure(z, error)
-                raise
+        return self._explained(self.raw_value_and_grad, z)
 
     def _explain_failure(self, z: torch.Tensor, error: RuntimeError) -> None:
         """Re-run eagerly, vectorized, to find the site after which the model failed."""

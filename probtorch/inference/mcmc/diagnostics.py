@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -77,11 +78,17 @@ def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
         draws = _numpy(value).astype(np.float64)
         C, S = draws.shape[:2]
         flat = draws.reshape(C, S, -1)
-        ess = [float(az.ess(flat[:, :, i], method="bulk")) for i in range(flat.shape[2])]
-        if C == 1:  # ArviZ needs two chains (nan and a warning); split the one in halves
-            rhat = [split_rank_rhat(flat[:, :, i]) for i in range(flat.shape[2])]
-        else:
-            rhat = [float(az.rhat(flat[:, :, i])) for i in range(flat.shape[2])]
+        constant = [bool(np.ptp(flat[:, :, i]) == 0) for i in range(flat.shape[2])]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # ArviZ on constant draws
+            ess = [float(az.ess(flat[:, :, i], method="bulk")) for i in range(flat.shape[2])]
+            if C == 1:  # ArviZ needs two chains (nan and a warning); split the one in halves
+                rhat = [split_rank_rhat(flat[:, :, i]) for i in range(flat.shape[2])]
+            else:
+                rhat = [float(az.rhat(flat[:, :, i])) for i in range(flat.shape[2])]
+        # a constant (a fixed deterministic, an observed entry) has no ESS or R-hat
+        ess = [math.nan if c else e for c, e in zip(constant, ess)]
+        rhat = [math.nan if c else r for c, r in zip(constant, rhat)]
         shape = draws.shape[2:]
         for i in range(flat.shape[2]):
             column = flat[:, :, i].reshape(-1)
