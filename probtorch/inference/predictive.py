@@ -387,26 +387,26 @@ def _check_per_sample(fn, tr, out, proto, samples, num_samples, names, args, kwa
     (``theta.sum()``, ``theta - theta.mean()``) runs over the samples too, and a stack of
     scalars puts the sample dim second. Each checked sample runs alone on the batched run's
     values of every sample site; its deterministic sites must equal the batched ones, and
-    the distributions of the sites it draws must give the batched run's draws the log
-    densities the batched distributions give them (the given samples' own densities need
-    not batch: ``w @ X.T`` works with Pyro's layout, where they do not). Raises
-    ``ValueError`` where they differ."""
+    the distributions of the sites it draws must equal the batched ones (:func:`_summary`;
+    the given samples' own distributions need not batch: ``w @ X.T`` works with Pyro's
+    layout, where they do not). Raises ``ValueError`` where they differ."""
     sites = {
         name: site
         for name, site in tr.items()
         if site.type in ("sample", "deterministic") and name in proto
     }
+    values, batched_summary = {}, {}  # by sample; the drawn sites' distributions
+    for name, site in sites.items():
+        if site.type != "sample":
+            continue
+        try:
+            values[name] = _by_sample(site.value, num_samples, proto[name].value.shape)
+        except RuntimeError:
+            raise ValueError(f"site {name!r} does not batch over the samples") from None
+        if name not in samples:
+            batched_summary[name] = _summary(site.fn, site.value)
     for i in sorted({0, num_samples - 1}):
-        data, batched_lp = {}, {}
-        for name, site in sites.items():
-            if site.type != "sample":
-                continue
-            try:
-                data[name] = _by_sample(site.value, num_samples, proto[name].value.shape)[i]
-            except RuntimeError:
-                raise ValueError(f"site {name!r} does not batch over the samples") from None
-            if name not in samples:
-                batched_lp[name] = _summary(site.fn, site.value)
+        data = {name: value[i] for name, value in values.items()}
         one = trace(substitute(fn, data=data)).get_trace(*args, **kwargs)
         for name, site in sites.items():
             single = one.get(name)
@@ -421,10 +421,11 @@ def _check_per_sample(fn, tr, out, proto, samples, num_samples, names, args, kwa
                         f"site {name!r}: the batched run's value for sample {i} differs from "
                         f"the model's value for that sample alone"
                     )
-            if name in batched_lp:
+            if name in batched_summary:
                 alone = _summary(single.fn, data[name])
                 batched = [
-                    _by_sample(b, num_samples, a.shape)[i] for b, a in zip(batched_lp[name], alone)
+                    _by_sample(b, num_samples, a.shape)[i]
+                    for b, a in zip(batched_summary[name], alone)
                 ]
                 if len(batched) != len(alone) or not all(map(_close, batched, alone)):
                     raise ValueError(

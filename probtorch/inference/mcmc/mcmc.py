@@ -187,7 +187,11 @@ class MCMC:
         potential = self.kernel.potential
         if given is not None and self._warm_left_by_run and not _same_args(potential, args, kwargs):
             given = None  # the previous run adapted to other data: warm up anew
-        self._model_changed = given is not None and _model_changed(potential, given)
+        self._model_changed = (
+            given is not None
+            and _same_args(potential, args, kwargs)
+            and _model_changed(potential, given)
+        )
         if self._model_changed and self._warm_left_by_run:
             warnings.warn(
                 "the model's potential energy at the chains' positions differs from the last "
@@ -442,8 +446,8 @@ class MCMC:
 def _model_changed(potential, state: SamplerState) -> bool:
     """Whether the model's potential energy at ``state``'s positions (evaluated now, eagerly)
     differs from the one the state holds beyond rounding: the model reads something besides
-    its arguments (a global) that changed since the state was made. Arguments are compared
-    by :func:`_same_args`; a state whose arguments differ is not checked here."""
+    its arguments (a global) that changed since the state was made. Called where the
+    arguments are the same (:func:`_same_args`)."""
     if potential is None or not potential.arguments_unchanged():
         return False
     try:
