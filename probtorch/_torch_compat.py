@@ -19,7 +19,16 @@ Inductor's first compile imports ``torch.utils.mkldnn``, whose classes use
 ``torch.jit.script_method``, deprecated in torch 2.13: every user's first compiled sampler
 showed torch's ``DeprecationWarning`` about code that is not theirs (and a test run with
 warnings as errors failed its first compile). probtorch imports that module on import, with
-that one warning silenced; any other warning is left alone.
+that one warning silenced.
+
+Two more messages about torch's code, not the user's, are kept from users
+(:func:`silence_torch_internal_messages`): Inductor's lowering of ``torch.diagonal`` (a
+multivariate normal's log determinant reaches it) calls the deprecated
+``torch._prims_common.check``, and every first compile of such a model showed torch's
+``FutureWarning``; and AOTInductor logs "is missing a c-shim implementation, using proxy
+executor as fallback" for each linear-algebra call (Cholesky, triangular solves) in a lean
+package it builds, a fallback that runs correctly. Any other warning or log line is left
+alone.
 
 Example::
 
@@ -31,12 +40,18 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import torch
 from torch.distributions import Distribution
 
-__all__ = ["needs_expand_patch", "patch_distribution_expand", "import_inductor_deps_quietly"]
+__all__ = [
+    "needs_expand_patch",
+    "patch_distribution_expand",
+    "import_inductor_deps_quietly",
+    "silence_torch_internal_messages",
+]
 
 
 def needs_expand_patch(version: str = torch.__version__) -> bool:
@@ -78,5 +93,37 @@ def import_inductor_deps_quietly() -> None:
         import torch.utils.mkldnn  # noqa: F401
 
 
+_PRIMS_CHECK_DEPRECATED = r"`torch\._prims_common\.check` is deprecated"
+
+
+class _DropCShimFallback(logging.Filter):
+    """Drops AOTInductor's "missing a c-shim implementation" records (see the module doc)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is missing a c-shim implementation" not in str(record.msg)
+
+
+def silence_torch_internal_messages() -> None:
+    """Keep torch's warning and log line about its own code from users (see the module doc):
+    the warning only where Inductor's code raises it, the log line only on its logger.
+
+    >>> silence_torch_internal_messages()
+    >>> import logging
+    >>> sum(isinstance(f, _DropCShimFallback)
+    ...     for f in logging.getLogger("torch._inductor.ir").filters)
+    1
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=_PRIMS_CHECK_DEPRECATED,
+        category=FutureWarning,
+        module=r"torch\._inductor\.",
+    )
+    logger = logging.getLogger("torch._inductor.ir")
+    if not any(isinstance(f, _DropCShimFallback) for f in logger.filters):
+        logger.addFilter(_DropCShimFallback())
+
+
 import_inductor_deps_quietly()
+silence_torch_internal_messages()
 patch_distribution_expand()  # on import (probtorch/__init__.py imports this module)
