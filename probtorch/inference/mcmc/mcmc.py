@@ -30,9 +30,12 @@ class MCMC:
         num_chains: number of chains.
         thinning: keep every ``thinning``-th draw.
         chain_method: ``"vectorized"`` (all chains in one batched kernel, the default) or
-            ``"sequential"`` (one chain after the other).
+            ``"sequential"`` (one chain after the other). Both start the chains at the same
+            initial points, but a chain's random numbers (momenta, tree directions) come
+            from one stream shared by the chains, so for one seed the two methods give
+            different draws of the same posterior (NumPyro's give the same).
         progress_bar: show a tqdm progress bar per phase.
-        seed: random seed; the same seed gives the same draws.
+        seed: random seed; the same seed (and chain method) gives the same draws.
 
     Example::
 
