@@ -205,6 +205,9 @@ def factor(name: str, log_factor: torch.Tensor) -> None:
 def module(name: str, nn_module: torch.nn.Module) -> torch.nn.Module:
     """Register the parameters of ``nn_module`` as params named ``f"{name}$$${param}"``.
 
+    Parameters with ``requires_grad=False`` (a frozen, pre-trained part) are not registered,
+    as in Pyro: inference leaves them as they are.
+
     Example::
 
         >>> import probtorch as pt
@@ -212,9 +215,22 @@ def module(name: str, nn_module: torch.nn.Module) -> torch.nn.Module:
         >>> net = pt.module("net", torch.nn.Linear(2, 1))
         >>> sorted(pt.get_param_store().keys())
         ['net$$$bias', 'net$$$weight']
+        >>> frozen = torch.nn.Linear(2, 1)
+        >>> _ = frozen.bias.requires_grad_(False)
+        >>> _ = pt.module("frozen", frozen)
+        >>> sorted(k for k in pt.get_param_store().keys() if k.startswith("frozen"))
+        ['frozen$$$weight']
     """
+    if not isinstance(nn_module, torch.nn.Module):
+        what = (
+            f"the class {nn_module.__name__}"
+            if isinstance(nn_module, type)
+            else (f"a {type(nn_module).__name__}")
+        )
+        raise TypeError(f"pt.module({name!r}, ...) takes a torch.nn.Module instance, got {what}")
     for param_name, value in nn_module.named_parameters():
-        param(f"{name}$$${param_name}", value)
+        if value.requires_grad:
+            param(f"{name}$$${param_name}", value)
     return nn_module
 
 

@@ -161,6 +161,67 @@ def test_compiled_tracegraph_with_module_and_discrete_draws_matches_eager():
     torch.testing.assert_close(results[True].losses, results[False].losses, rtol=1e-10, atol=1e-10)
 
 
+def annealed_model(y, annealing_factor=1.0):
+    with pt.handlers.scale(scale=annealing_factor):
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+    with pt.plate("n", len(y)):
+        pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def annealed_guide(y, annealing_factor=1.0):
+    with pt.handlers.scale(scale=annealing_factor):
+        normal_guide(y)
+
+
+def test_new_floats_and_batch_sizes_do_not_recompile_the_step_each_time():
+    # A Python float argument was a constant of the compiled step: every new annealing
+    # factor compiled it again, and the ninth failed on Dynamo's recompile limit.
+    y = _data(20)
+
+    def make(compile):
+        return SVI(annealed_model, annealed_guide, pt.optim.Adam(lr=0.05), Trace_ELBO(),
+                   compile=compile, seed=2)
+
+    compiled, eager = make(True), make(False)
+    with count_compiles() as stats:
+        for k in range(10):
+            factor = 0.1 + 0.09 * k
+            loss = compiled.step(y, annealing_factor=factor)
+            assert loss == pytest.approx(eager.step(y, annealing_factor=factor), rel=1e-12)
+        for n in range(3, 13):  # ten batch sizes: one more compile, for any size
+            loss = compiled.step(y[:n], annealing_factor=0.5)
+            assert loss == pytest.approx(eager.step(y[:n], annealing_factor=0.5), rel=1e-12)
+    assert stats.graph_breaks == 0 and stats.graphs == 2
+    with count_compiles() as stats:
+        for factor in (0.2, 0.7):  # run(): one in-place graph for any factor
+            ran = compiled.run(3, y, annealing_factor=factor, progress_bar=False)
+            expected = eager.run(3, y, annealing_factor=factor, progress_bar=False)
+            torch.testing.assert_close(ran.losses, expected.losses, rtol=1e-12, atol=1e-12)
+    assert stats.graphs == 1
+
+
+def test_a_model_that_needs_its_float_as_a_number_still_compiles():
+    # branching on a float, or math.sqrt of it, cannot take a tensor: the step keeps the
+    # float as a number (compiled per value), without a warning
+    def model(y, tau=1.0):
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0 * (math.sqrt(tau) if tau > 0.5 else 1.0)))
+        with pt.plate("n", len(y)):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    def guide(y, tau=1.0):
+        normal_guide(y)
+
+    y = _data(10)
+    compiled, eager = (SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=c,
+                           seed=1) for c in (True, False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for tau in (0.3, 2.0):
+            ran = compiled.run(3, y, tau=tau, progress_bar=False)
+            expected = eager.run(3, y, tau=tau, progress_bar=False)
+            torch.testing.assert_close(ran.losses, expected.losses, rtol=1e-12, atol=1e-12)
+
+
 # -- parameters and state -------------------------------------------------------------------
 def test_svi_objects_own_their_params_and_random_stream():
     y = _data(5)
@@ -228,6 +289,27 @@ def test_module_guide_is_trained_in_place():
     loc = float(net(torch.ones(1))[0].detach())
     assert abs(loc - mean) < 0.2
     torch.testing.assert_close(result.params["net$$$bias"], net.bias.detach())
+
+
+def test_frozen_module_parameters_are_left_alone():
+    # as in Pyro, pt.module registers only parameters with requires_grad=True
+    y = _data(8)
+    net = torch.nn.Linear(1, 2)
+    net.bias.requires_grad_(False)
+    frozen = net.bias.detach().clone()
+
+    def guide(y):
+        pt.module("net", net)
+        out = net(torch.ones(1))
+        pt.sample("mu", dist.Normal(out[0], torch.nn.functional.softplus(out[1])))
+
+    svi = SVI(normal_model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=False)
+    result = svi.run(20, y, progress_bar=False)
+    assert sorted(result.params) == ["net$$$weight"]
+    assert torch.equal(net.bias, frozen) and not net.bias.requires_grad
+    with pytest.raises(TypeError, match="pt.module\\('net', ...\\) takes a torch.nn.Module "
+                                        "instance, got the class Linear"):
+        pt.module("net", torch.nn.Linear)
 
 
 def test_subsampled_run():

@@ -411,6 +411,8 @@ class SVI:
         self._blocks = {}
         self._data_layout = None
         self._inputs_cache = (None, None)
+        self._float_inputs: bool | None = None  # Python floats passed as tensors (None: untried)
+        self._lifted_cache: tuple | None = None
         self._num_steps = 0  # steps taken, for messages
         self._initialized = True
         return self.get_params()
@@ -489,8 +491,7 @@ class SVI:
                 flat = torch.where(ok, new_flat, flat)
                 opt_state = tuple(torch.where(ok, n, o) for n, o in zip(new_opt_state, opt_state))
                 elbo_state = {
-                    key: torch.where(ok, new_elbo_state[key], elbo_state[key])
-                    for key in elbo_state
+                    key: torch.where(ok, new_elbo_state[key], elbo_state[key]) for key in elbo_state
                 }
                 alive = ok
                 losses.append(loss)
@@ -512,8 +513,12 @@ class SVI:
         options = _compile_options()
 
         def dynamo_block():
+            # dynamic=None (torch's default): compiled for the first call's shapes and
+            # values; a call with another batch size or another Python float (an annealing
+            # factor, say) compiles once more, for any size or value, instead of once per
+            # value until Dynamo's recompile limit fails the step.
             return torch.compile(
-                _fresh_function(svi_block), fullgraph=True, dynamic=False, **options
+                _fresh_function(svi_block), fullgraph=True, dynamic=None, **options
             )
 
         enabled = os.environ.get("PROBTORCH_SVI_IN_PLACE", "1").strip().lower() not in _FALSE
@@ -593,21 +598,31 @@ class SVI:
         ``args`` and ``kwargs`` are laid out already (:meth:`_laid_out`)."""
         lrs = self.optim.learning_rates(num_active) + [0.0] * (num_steps - num_active)
         lrs, active = self._block_inputs(tuple(lrs), num_steps, num_active)
-        block = self._block(num_steps, in_place)
-        try:
-            with torch_validation(False):  # nothing to do inside run(), which set it already
-                out = block(
-                    self._flat,
-                    self._opt_state,
-                    self._elbo_state,
-                    self._last_good,
-                    active,
-                    lrs,
-                    args,
-                    kwargs,
-                )
-        finally:
-            self._swap_modules(None)
+
+        def call(args, kwargs):
+            block = self._block(num_steps, in_place)
+            try:
+                with torch_validation(False):  # nothing to do inside run(): set already
+                    return block(
+                        self._flat,
+                        self._opt_state,
+                        self._elbo_state,
+                        self._last_good,
+                        active,
+                        lrs,
+                        args,
+                        kwargs,
+                    )
+            finally:
+                self._swap_modules(None)
+
+        lifted = self._floats_as_tensors(args, kwargs)
+        if lifted is None:
+            out = call(args, kwargs)
+        elif self._float_inputs:
+            out = call(*lifted)
+        else:
+            out = self._first_call_with_float_inputs(call, lifted, args, kwargs)
         flat, opt_state, elbo_state, last_good, report = out
         self._flat, self._opt_state, self._elbo_state = flat, opt_state, elbo_state
         self._last_good = last_good
@@ -615,6 +630,57 @@ class SVI:
         if num_active < num_steps:
             losses, oks = losses[:num_active], oks[:num_active]
         return losses, [ok == 1.0 for ok in oks]
+
+    def _floats_as_tensors(self, args, kwargs) -> tuple | None:
+        """``(args, kwargs)`` with their Python floats as 0-d tensors of the params' dtype,
+        for the compiled step; ``None`` where there is nothing to change (no float, eager
+        steps, or a model that needs its floats as numbers: :meth:`_first_call_with_float_inputs`).
+
+        A compiled step holds a Python float as a constant, so a new value (an annealing
+        factor that changes every step) would compile the step again, and the ninth would
+        hit Dynamo's recompile limit. As a tensor input it is one compiled step for any
+        value. The same objects are returned while the arguments are the same objects (the
+        in-place block recognizes the calls of one run by identity).
+        """
+        if not self.compiled or self._float_inputs is False:
+            return None
+        cached = self._lifted_cache
+        if cached is not None and cached[0] is args and cached[1] is kwargs:
+            return cached[2]
+        if not any(type(x) is float for x in (*args, *kwargs.values())):
+            lifted = None
+        else:
+            dtype, device = self._layout.dtype, self._layout.device
+
+            def lift(x):
+                return torch.tensor(x, dtype=dtype, device=device) if type(x) is float else x
+
+            lifted = (tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()})
+        self._lifted_cache = (args, kwargs, lifted)
+        return lifted
+
+    def _first_call_with_float_inputs(self, call, lifted, args, kwargs):
+        """The first compiled call with Python floats passed as tensors; where that cannot
+        be compiled (the model branches on a float, or hands it to ``math.sqrt`` or to an
+        argument that must be a number), the floats stay numbers, as in eager code, and
+        each new value compiles the step again."""
+        rng = torch.random.get_rng_state()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                out = call(*lifted)
+            except Exception:  # noqa: BLE001 - retried with the floats as numbers
+                out = None
+        if out is not None:
+            self._float_inputs = True
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return out
+        torch.random.set_rng_state(rng)
+        self._float_inputs = False
+        self._lifted_cache = None
+        self._blocks = {}
+        return call(args, kwargs)
 
     def _handle_nonfinite(self, losses: list, oks: list, done: int, args, kwargs):
         """Keep the params of the last finite step; ``(failed step, message)``."""
@@ -778,8 +844,7 @@ class SVI:
                         raise KeyboardInterrupt
         except KeyboardInterrupt:
             warnings.warn(
-                f"SVI interrupted after {done} of {num_steps} steps; returning the result so "
-                f"far",
+                f"SVI interrupted after {done} of {num_steps} steps; returning the result so far",
                 RuntimeWarning,
                 stacklevel=2,
             )
