@@ -691,3 +691,58 @@ def test_multinomial_log_prob_batches_under_vmap():
             torch.distributions.Multinomial(3, logits=logits).log_prob(count),
         )
     assert dist.Multinomial(3, logits=logits).log_prob(value[0]).item() == math.log(0.375)
+
+
+@pytest.mark.parametrize("family", ["Dirichlet", "Beta"])
+def test_dirichlet_and_beta_rsample_differentiate_under_torch_func(family):
+    """torch's Dirichlet.rsample (and Beta's) is an old-style autograd.Function that
+    torch.func.grad refuses; probtorch's draws the same values with the same gradients."""
+    c = torch.tensor([[0.7, 2.0, 3.5], [5.0, 0.3, 1.0]], dtype=torch.float64)
+
+    def draw(module, c):
+        if family == "Dirichlet":
+            return getattr(module, family)(c).rsample((4,))
+        return getattr(module, family)(c[..., 0], c[..., 1]).rsample((4,))
+
+    weights = torch.linspace(-1.0, 1.0, 24, dtype=torch.float64)
+
+    def objective(module, c):
+        x = draw(module, c)
+        return (x * weights[: x.numel()].reshape(x.shape)).sum()
+
+    torch.manual_seed(3)
+    leaf = c.clone().requires_grad_()
+    expected_value = objective(torch.distributions, leaf)
+    (expected_grad,) = torch.autograd.grad(expected_value, leaf)
+    torch.manual_seed(3)
+    grad, value = torch.func.grad_and_value(lambda c: objective(dist, c))(c)
+    assert value == expected_value.detach()
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-14, atol=0)
+    sample = draw(dist, c)
+    assert type(getattr(dist, family)(c).expand((3, 2)) if family == "Dirichlet" else
+                dist.Beta(c[:, 0], c[:, 1]).expand((3, 2))) is getattr(dist, family)
+    assert sample.shape == ((4, 2, 3) if family == "Dirichlet" else (4, 2))
+
+
+def test_beta_guide_fits_the_beta_binomial_posterior_eagerly():
+    """A Beta guide under SVI with compile=False (torch.func.grad of Beta.rsample) reaches
+    the conjugate posterior Beta(2 + 7, 2 + 3)."""
+    from torch.optim.lr_scheduler import ExponentialLR
+
+    from probtorch.inference import SVI, Trace_ELBO
+
+    def model(k):
+        p = pt.sample("p", dist.Beta(2.0, 2.0))
+        pt.sample("k", dist.Binomial(10, p), obs=k)
+
+    def guide(k):
+        a = pt.param("a", torch.tensor(1.0), constraint=dist.constraints.positive)
+        b = pt.param("b", torch.tensor(1.0), constraint=dist.constraints.positive)
+        pt.sample("p", dist.Beta(a, b))
+
+    optim = pt.optim.scheduler(ExponentialLR, pt.optim.Adam(lr=0.1), gamma=0.02 ** (1 / 1500))
+    svi = SVI(model, guide, optim, Trace_ELBO(num_particles=8), compile=False, seed=0)
+    params = svi.run(1500, torch.tensor(7.0, dtype=torch.float64), progress_bar=False).params
+    a, b = float(params["a"]), float(params["b"])
+    assert abs(a / (a + b) - 9 / 14) < 0.01
+    assert abs(a + b - 14) < 0.1 * 14

@@ -36,6 +36,7 @@ from .fixes import (  # noqa: F401  (fixed versions of Pyro's, same names)
     BetaBinomial,
     Categorical,
     ContinuousBernoulli,
+    Dirichlet,
     FisherSnedecor,
     LKJCholesky,
     Multinomial,
