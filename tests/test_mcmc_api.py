@@ -962,6 +962,17 @@ def standard_normal(dim):
     return model
 
 
+@pytest.mark.parametrize("kernel", [NUTS, HMC])
+def test_without_warmup_the_chains_run_at_the_given_step_size(kernel):
+    # the step-size heuristic ran at set-up even without warmup, and its step size (4.0 on
+    # a standard normal) was kept for the whole run: hundreds of divergences
+    mcmc = MCMC(kernel(standard_normal(2), step_size=0.5, compile=False), num_warmup=0,
+                num_samples=20, num_chains=2, progress_bar=False, seed=0)
+    mcmc.run(extra_fields=("step_size",))
+    assert torch.equal(mcmc.get_extra_fields()["step_size"], torch.full((40,), 0.5))
+    assert torch.equal(mcmc.last_state.step_size, torch.full((2,), 0.5))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["nuts", "hmc"])
 def test_dual_averaging_hits_target_accept_prob(kernel):

@@ -290,7 +290,11 @@ class _HamiltonianKernel:
         num_chains: int,
         rng_seed: int,
         init_params: dict | None = None,
+        find_step_size: bool = True,
     ) -> SamplerState:
+        """The chains' first state. ``find_step_size=False`` keeps the kernel's
+        ``step_size`` instead of running the step-size heuristic (MCMC passes it for a run
+        without warmup, which adapts nothing)."""
         model = self.model
         if self.potential_fn is not None:
             potential_fn, init_params = named_potential_fn(self.potential_fn, init_params)
@@ -316,7 +320,7 @@ class _HamiltonianKernel:
         inverse_mass = self._initial_inverse_mass(num_chains, potential.dim, z0)
         step = torch.full((num_chains,), self.step_size, dtype=z0.dtype, device=z0.device)
         state = SamplerState(z0, pe, grad, step, inverse_mass, mass_sqrt_from_inverse(inverse_mass))
-        if self.adapt_step_size and self.find_heuristic_step_size:
+        if self.adapt_step_size and self.find_heuristic_step_size and find_step_size:
             state = self.reset_step_size(state)
         return state
 

@@ -25,7 +25,9 @@ class MCMC:
 
     Args:
         kernel: a :class:`~probtorch.inference.mcmc.kernels.NUTS` or ``HMC`` kernel.
-        num_warmup: warmup (adaptation) transitions per chain; they are not kept.
+        num_warmup: warmup (adaptation) transitions per chain; they are not kept. With
+            ``num_warmup=0`` nothing is adapted: the chains run at the kernel's
+            ``step_size`` and ``inverse_mass_matrix``, as given.
         num_samples: draws kept per chain (after thinning: ``num_samples // thinning``).
         num_chains: number of chains.
         thinning: keep every ``thinning``-th draw.
@@ -284,7 +286,15 @@ class MCMC:
             and not self._model_changed
         ):
             return warm  # continue: the kernel's compiled functions are reused
-        state = self.kernel.setup(args, kwargs, self.num_chains, seed, init_params=init_params)
+        # without warmup nothing is adapted: the chains run at the kernel's step_size
+        state = self.kernel.setup(
+            args,
+            kwargs,
+            self.num_chains,
+            seed,
+            init_params=init_params,
+            find_step_size=self.num_warmup > 0,
+        )
         if warm is None:
             return state
         if warm.z.shape != state.z.shape:
