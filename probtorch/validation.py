@@ -176,6 +176,34 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
             f"sample site {name!r}: observed value lies outside the support {support} of "
             f"{type(fn).__name__}: {_describe(value, valid)}"
         )
+    _check_infinite_observation(name, fn, value)
+
+
+def _check_infinite_observation(name: str, fn, value: torch.Tensor) -> None:
+    """Raise for infinite observations where the log density is not finite. torch's
+    ``real`` support (and ``positive``, and others open above or below) admits ``inf``, but a
+    density at it is 0: the potential would be infinite at every point, and inference could
+    only blame the latent sites."""
+    if not value.is_floating_point():
+        return
+    infinite = torch.isinf(value)
+    if not bool(infinite.any()):
+        return
+    try:
+        finite = bool(torch.isfinite(fn.log_prob(value)).all())
+    except Exception:  # noqa: BLE001 - a family that refuses inf says so itself later
+        finite = False
+    if not finite:
+        where = infinite.nonzero()[:5].tolist()
+        shown = ", ".join(f"{tuple(i)}: {float(value[tuple(i)])}" for i in where)
+        more = " ..." if int(infinite.sum()) > 5 else ""
+        raise ObservationOutsideSupportError(
+            f"sample site {name!r}: observed value of shape {tuple(value.shape)} has "
+            f"{int(infinite.sum())} infinite entries (index: value) {shown}{more}, where "
+            f"{type(fn).__name__} has no density. Replace them with finite values (and mask "
+            f"those entries with pt.handlers.mask, or pass obs_mask, if they stand for "
+            f"missing data: a masked inf still makes the gradient NaN)"
+        )
 
 
 def check_sample_site(msg) -> None:

@@ -286,6 +286,32 @@ def test_observed_value_outside_positive_support():
         run_traced(model)
 
 
+def test_infinite_observation_is_a_data_error_naming_the_site():
+    # torch's real support admits inf: the potential was infinite at every initial point
+    # and the error blamed the latent site 'mu'
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        with pt.plate("n", len(y)):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    y = torch.tensor([1.0, 2.0, float("inf"), 0.5, -float("inf")])
+    message = (
+        r"sample site 'y': observed value of shape \(5,\) has 2 infinite entries \(index: "
+        r"value\) \(2,\): inf, \(4,\): -inf, where Normal has no density"
+    )
+    with pytest.raises(ValueError, match=message):
+        run_traced(model, y)
+    with pytest.raises(ValueError, match=message) as raised:
+        Potential(model, (y,), compile=False)
+    assert "the same at two random initial points" in "\n".join(raised.value.__notes__)
+    inf = torch.tensor(float("inf"))
+    with pytest.raises(ValueError, match="'t'.*1 infinite entries.*where Exponential"):
+        run_traced(lambda: pt.sample("t", dist.Exponential(1.0), obs=inf))
+    # where the log density at inf is finite (a point mass there), inf is a fine observation
+    trace = run_traced(lambda: pt.sample("d", dist.Delta(inf), obs=inf))
+    assert float(trace["d"].fn.log_prob(inf)) == 0.0
+
+
 def test_handler_argument_errors():
     with pytest.raises(TypeError, match="seed expected a callable model"):
         seed("model", rng_seed=0)
