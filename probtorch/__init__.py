@@ -21,7 +21,7 @@ from . import (
     optim,
 )
 from . import nn as nn  # pt.nn; not in __all__, so `import *` does not shadow torch.nn
-from .params import ParamStore, get_param_store, param_scope
+from .params import ParamStore, clear_param_store, get_param_store, param_scope
 from .primitives import (
     RandomnessError,
     deterministic,
@@ -52,6 +52,7 @@ __all__ = [
     "Message",
     "apply_stack",
     "ParamStore",
+    "clear_param_store",
     "get_param_store",
     "param_scope",
     "RandomnessError",

@@ -15,7 +15,7 @@ from torch.distributions import constraints
 from .distributions.constraint_registry import biject_to
 from .runtime import Message, Messenger
 
-__all__ = ["ParamStore", "get_param_store", "param_scope"]
+__all__ = ["ParamStore", "clear_param_store", "get_param_store", "param_scope"]
 
 
 class ParamStore:
@@ -42,9 +42,7 @@ class ParamStore:
         """The constrained value of ``name``, created from ``init_value`` if it is new."""
         if name not in self._unconstrained:
             if init_value is None:
-                raise KeyError(
-                    f"param {name!r} is not in the param store and has no init_value"
-                )
+                raise KeyError(f"param {name!r} is not in the param store and has no init_value")
             if callable(init_value) and not isinstance(init_value, torch.Tensor):
                 init_value = init_value()
             self._set(name, init_value, constraint)
@@ -56,6 +54,11 @@ class ParamStore:
             self._unconstrained[name] = value
         else:
             value = torch.as_tensor(value)
+            if not value.is_floating_point():
+                raise ValueError(
+                    f"param {name!r}: init_value has dtype {value.dtype}; params are trained "
+                    f"by gradients and must be floating point (e.g. torch.tensor(3.0))"
+                )
             if not bool(torch.all(constraint.check(value))):
                 raise ValueError(
                     f"param {name!r}: init_value of shape {tuple(value.shape)} does not "
@@ -67,6 +70,18 @@ class ParamStore:
         self._constraints[name] = constraint
 
     def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        current = self._unconstrained.get(name)
+        if isinstance(current, torch.nn.Parameter) and not isinstance(value, torch.nn.Parameter):
+            # a module's parameter (pt.module): written in place, so the module sees it
+            value = torch.as_tensor(value, dtype=current.dtype, device=current.device)
+            if value.shape != current.shape:
+                raise ValueError(
+                    f"param {name!r} is a module parameter of shape {tuple(current.shape)}; "
+                    f"got a value of shape {tuple(value.shape)}"
+                )
+            with torch.no_grad():
+                current.copy_(value)
+            return
         self._set(name, value, self._constraints.get(name, constraints.real))
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -102,21 +117,77 @@ class ParamStore:
         """The trainable leaves, for an optimizer."""
         return list(self._unconstrained.values())
 
+    def __delitem__(self, name: str) -> None:
+        del self._unconstrained[name]
+        del self._constraints[name]
+
     def clear(self) -> None:
         self._unconstrained.clear()
         self._constraints.clear()
 
     def get_state(self) -> dict:
+        """The unconstrained values and the constraints, by name (copies)."""
         return {
             "params": {k: v.detach().clone() for k, v in self._unconstrained.items()},
             "constraints": dict(self._constraints),
         }
 
     def set_state(self, state: dict) -> None:
-        self.clear()
+        """Replace the contents with ``state`` (from :meth:`get_state`). A module parameter
+        registered here (``pt.module``) is written in place, so the module sees the values."""
+        old = self._unconstrained
+        self._unconstrained, self._constraints = {}, {}
         for name, value in state["params"].items():
-            self._unconstrained[name] = value.clone().requires_grad_(True)
-            self._constraints[name] = state["constraints"][name]
+            constraint = _canonical(state["constraints"][name])
+            current = old.get(name)
+            if (
+                isinstance(current, torch.nn.Parameter)
+                and constraint is constraints.real
+                and current.shape == value.shape
+            ):
+                with torch.no_grad():
+                    current.copy_(value)
+                self._unconstrained[name] = current
+            else:
+                self._unconstrained[name] = value.detach().clone().requires_grad_(True)
+            self._constraints[name] = constraint
+
+    def save(self, path) -> None:
+        """Save the params and their constraints to ``path`` (``torch.save``).
+
+        Example::
+
+            >>> import os, tempfile
+            >>> store = ParamStore()
+            >>> _ = store.setdefault("s", torch.tensor(2.0), constraints.positive)
+            >>> path = os.path.join(tempfile.mkdtemp(), "params.pt")
+            >>> store.save(path)
+            >>> loaded = ParamStore()
+            >>> loaded.load(path)
+            >>> float(loaded["s"].detach()), loaded.constraint("s") is constraints.positive
+            (2.0, True)
+        """
+        torch.save(self.get_state(), path)
+
+    def load(self, path, map_location=None) -> None:
+        """Replace the contents with those saved at ``path`` by :meth:`save`. The file holds
+        pickled constraint objects: load only files you trust."""
+        state = torch.load(path, map_location=map_location, weights_only=False)
+        self.set_state(state)
+
+
+def _canonical(constraint: constraints.Constraint) -> constraints.Constraint:
+    """torch's module-level constraint object equal to ``constraint`` (an unpickled copy of
+    ``constraints.positive`` is another object; code checks ``constraint is
+    constraints.real``), or ``constraint`` itself."""
+    for known in vars(constraints).values():
+        if (
+            isinstance(known, constraints.Constraint)
+            and type(known) is type(constraint)
+            and vars(known) == vars(constraint)
+        ):
+            return known
+    return constraint
 
 
 _DEFAULT_STORE = ParamStore()
@@ -125,6 +196,12 @@ _DEFAULT_STORE = ParamStore()
 def get_param_store() -> ParamStore:
     """The default store used by ``param`` when no :class:`param_scope` is active."""
     return _DEFAULT_STORE
+
+
+def clear_param_store() -> None:
+    """Empty the default store (``pyro.clear_param_store``). Each ``SVI`` keeps its params in
+    a store of its own (``svi.param_store``), which this leaves alone."""
+    _DEFAULT_STORE.clear()
 
 
 class param_scope(Messenger):

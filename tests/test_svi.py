@@ -261,6 +261,44 @@ def test_run_continues_and_restarts_from_init_params():
         fresh.run(1, y, progress_bar=False, init_params={"nope": torch.tensor(1.0)})
 
 
+def test_edits_of_the_param_store_are_what_the_next_step_starts_from(tmp_path):
+    # svi.param_store was a copy the steps wrote into: edits to it (and a module's
+    # load_state_dict) were overwritten by the next step
+    y = _data(5)
+    net = torch.nn.Linear(1, 1)
+
+    def guide(y):
+        pt.module("net", net)
+        scale = pt.param("scale", torch.tensor(1.0), constraint=constraints.positive)
+        pt.sample("mu", dist.Normal(net(torch.ones(1))[0], scale))
+
+    svi = SVI(normal_model, guide, pt.optim.SGD(lr=0.0), Trace_ELBO(), compile=False)
+    svi.run(2, y, progress_bar=False)
+    svi.param_store["scale"] = torch.tensor(0.25)
+    net.load_state_dict({"weight": torch.tensor([[2.0]]), "bias": torch.tensor([0.5])})
+    params = svi.run(1, y, progress_bar=False).params  # lr=0: the edited values stay
+    assert float(params["scale"]) == pytest.approx(0.25, rel=1e-12)
+    assert float(params["net$$$weight"]) == 2.0 and float(params["net$$$bias"]) == 0.5
+    # save and load: a module's parameter is written in place, so the module sees it
+    path = tmp_path / "params.pt"
+    svi.param_store.save(path)
+    svi.param_store["scale"] = torch.tensor(3.0)
+    svi.param_store["net$$$bias"] = torch.tensor([-1.0])
+    assert float(net.bias.detach()) == -1.0
+    svi.param_store.load(path)
+    assert float(net.bias.detach()) == 0.5
+    assert svi.param_store.constraint("scale") is constraints.positive
+    svi.step(y)
+    assert float(svi.get_params()["scale"]) == pytest.approx(0.25, rel=1e-12)
+    # an emptied store: the params are made again from their initial values
+    svi.param_store.clear()
+    svi.step(y)
+    assert float(svi.get_params()["scale"]) == 1.0 and float(net.bias.detach()) == 0.5
+    pt.param("x", torch.zeros(1))
+    pt.clear_param_store()
+    assert len(pt.get_param_store()) == 0 and len(svi.param_store) == 3
+
+
 def test_step_and_evaluate_loss():
     y = _data(5)
     svi = SVI(normal_model, normal_guide, pt.optim.SGD(lr=0.01), Trace_ELBO(), compile=False)

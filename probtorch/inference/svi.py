@@ -110,6 +110,28 @@ class _ParamValues(Messenger):
         msg.value = value if constraint is constraints.real else biject_to(constraint)(value)
 
 
+def _module_buffers(called: list) -> dict:
+    """``key -> (module, attribute, buffer)`` for the buffers of the modules called by the
+    model and guide (and their submodules).
+
+    A forward call in training mode may update buffers in place (BatchNorm's running mean,
+    variance and batch count). The step's gradient transform refuses writes into tensors
+    it did not receive, so the buffers are part of the step's state: each step puts copies
+    into the modules, and keeps what the forward calls leave there (see
+    :meth:`SVI._swap_modules`); after a step the modules' own buffers hold the values.
+    """
+    found, seen = {}, set()
+    for module in (sub for caller in called for sub in caller.modules()):
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        for attr, buffer in module._buffers.items():
+            if buffer is not None:
+                key = f"buffer:{len(found)}:{type(module).__name__}.{attr}"
+                found[key] = (module, attr, buffer)
+    return found
+
+
 class _Layout(NamedTuple):
     names: tuple[str, ...]
     shapes: tuple[torch.Size, ...]
@@ -122,14 +144,28 @@ class _Layout(NamedTuple):
 
 @contextlib.contextmanager
 def _module_calls(found: list):
-    """Record every module called inside the block (to find owners of module params)."""
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(
-        lambda module, args: found.append(module)
-    )
+    """Record every module called inside the block (to find owners of module params and
+    buffers). Buffers the calls update in place (BatchNorm's running statistics in training
+    mode) are put back as they were before: set-up is not a step."""
+    before: dict = {}
+
+    def pre_hook(module, args):
+        if id(module) not in before:
+            saved = {k: b.detach().clone() for k, b in module._buffers.items() if b is not None}
+            before[id(module)] = (module, saved)
+        found.append(module)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
     try:
         yield found
     finally:
         handle.remove()
+        with torch.no_grad():
+            for module, saved in before.values():
+                for attr, value in saved.items():
+                    current = module._buffers.get(attr)
+                    if current is not None and current.shape == value.shape:
+                        current.copy_(value)
 
 
 # Inductor's Python wrapper runs between the kernels of every step: with ``cpp_wrapper``
@@ -240,6 +276,18 @@ def _compile_options() -> dict:
         return {"options": {**inductor_base_options(), **_INDUCTOR_OPTIONS}}
 
 
+def _uncompilable(error: Exception) -> RuntimeError:
+    """The error for a step that Dynamo cannot capture as one graph, with what to do."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return RuntimeError(
+        f"SVI: the step cannot be compiled as one graph ({type(error).__name__}: "
+        f"{first[:300]}). Python code that reads the values of tensors computed in the "
+        f"model or guide (`if z > 0:`, `.item()`, `int(x)`) cannot be compiled: use torch "
+        f"operations such as torch.where, compute such numbers outside and pass them as "
+        f"arguments, or run SVI(..., compile=False). (Dynamo's report, above, is the cause.)"
+    )
+
+
 def _never() -> bool:
     return False
 
@@ -297,7 +345,10 @@ class SVI:
     The parameters live in ``svi.param_store``, owned by this object; ``pt.param`` outside
     inference keeps using the default store. A second :meth:`run` continues from the
     current parameters and optimizer state; ``run(..., init_params=result.params)`` starts
-    from given parameters with a fresh optimizer state.
+    from given parameters with a fresh optimizer state. Changes made to the store between
+    steps (``svi.param_store[name] = value``, ``set_state``, ``load``, ``clear``, or a
+    registered module's ``load_state_dict``) are what the next step starts from; writes
+    through ``.data`` are not seen (write under ``torch.no_grad()`` instead).
 
     Example::
 
@@ -404,10 +455,13 @@ class SVI:
             device=leaves[0].device,
         )
         self._module_owners = self._find_module_owners(names, leaves, called)
+        self._module_buffers = _module_buffers(called)
         self._flat = torch.cat([leaf.detach().reshape(-1).to(dtype) for leaf in leaves])
         self._last_good = self._flat.clone()  # a distinct tensor: aliasing would recompile
         self._opt_state = self.optim.init(self._flat)
         self._elbo_state = dict(self._plan.initial_state)
+        for key, (_, _, buffer) in self._module_buffers.items():
+            self._elbo_state[key] = buffer.detach().clone()
         self._blocks = {}
         self._data_layout = None
         self._inputs_cache = (None, None)
@@ -415,7 +469,39 @@ class SVI:
         self._lifted_cache: tuple | None = None
         self._num_steps = 0  # steps taken, for messages
         self._initialized = True
+        self._store_marks = self._marks()
         return self.get_params()
+
+    def _marks(self) -> tuple:
+        """What identifies the store's contents: each leaf's name, object and version
+        counter (which every in-place write bumps, e.g. a module's ``load_state_dict``)."""
+        store = self.param_store
+        leaves = ((n, store.unconstrained(n)) for n in store)
+        return tuple((n, id(leaf), leaf._version) for n, leaf in leaves)
+
+    def _adopt_store_edits(self, args, kwargs) -> None:
+        """Train from the store's values where they were changed since the last step
+        (``svi.param_store[name] = value``, ``set_state``, ``load``, a module's
+        ``load_state_dict``): the optimizer state is kept for params of the same shapes and
+        constraints; other changes (new, removed or reshaped params) set the SVI up again."""
+        marks = self._marks()
+        if marks == self._store_marks:
+            return
+        store, layout = self.param_store, self._layout
+        same = tuple(store.keys()) == layout.names and all(
+            store.unconstrained(n).shape == shape
+            and store.unconstrained(n).dtype == dtype
+            and store.constraint(n) is layout.constraints[n]
+            for n, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes)
+        )
+        if not same:
+            self.init(*args, **kwargs)
+            return
+        self._flat = torch.cat(
+            [store.unconstrained(n).detach().reshape(-1).to(layout.dtype) for n in layout.names]
+        )
+        self._last_good = self._flat.clone()
+        self._store_marks = marks
 
     def _find_module_owners(self, names, leaves, called) -> dict:
         """``name -> [(module, attribute)]`` for params that are parameters of called modules.
@@ -455,20 +541,28 @@ class SVI:
             values[name] = part if dtype == layout.dtype else part.to(dtype)
         return values
 
-    def _swap_modules(self, values: dict | None) -> None:
-        """Put ``values`` into the owning modules (``None``: put the stored leaves back)."""
+    def _swap_modules(self, values: dict | None, state: dict | None = None) -> None:
+        """Put ``values`` into the owning modules, and copies of the buffers in ``state``
+        into theirs (``None``: put the stored leaves and the modules' own buffers back)."""
         for name, owners in self._module_owners.items():
             value = self.param_store.unconstrained(name) if values is None else values[name]
             for module, attr in owners:
                 module._parameters[attr] = value
+        for key, (module, attr, own) in self._module_buffers.items():
+            # a copy: the forward call updates it in place (BatchNorm's running statistics)
+            module._buffers[attr] = own if state is None else state[key].clone()
 
     def _surrogate(self, flat, elbo_state, args, kwargs):
         values = self._unpack(flat)
-        self._swap_modules(values)
+        buffers = self._module_buffers
+        self._swap_modules(values, elbo_state)
+        loss_state = {k: v for k, v in elbo_state.items() if k not in buffers}
         with _ParamValues(values, self._layout.constraints), _Seeded():
             surrogate, loss, new_state = self.loss.compute(
-                self.model, self.guide, args, kwargs, self._plan, elbo_state
+                self.model, self.guide, args, kwargs, self._plan, loss_state
             )
+        for key, (module, attr, _) in buffers.items():
+            new_state[key] = module._buffers[attr]
         self._swap_modules(None)
         new_state = {k: v.detach() for k, v in new_state.items()}
         return surrogate, (loss.detach(), new_state)
@@ -517,9 +611,17 @@ class SVI:
             # values; a call with another batch size or another Python float (an annealing
             # factor, say) compiles once more, for any size or value, instead of once per
             # value until Dynamo's recompile limit fails the step.
-            return torch.compile(
+            compiled = torch.compile(
                 _fresh_function(svi_block), fullgraph=True, dynamic=None, **options
             )
+
+            def block(*args):
+                try:
+                    return compiled(*args)
+                except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
+                    raise _uncompilable(error) from error
+
+            return block
 
         enabled = os.environ.get("PROBTORCH_SVI_IN_PLACE", "1").strip().lower() not in _FALSE
         if not (in_place and enabled) or "backend" not in options:
@@ -734,6 +836,8 @@ class SVI:
     def _ensure_init(self, args, kwargs) -> None:
         if not self._initialized:
             self.init(*args, **kwargs)
+        else:
+            self._adopt_store_edits(args, kwargs)
 
     def step(self, *args, **kwargs) -> float:
         """One optimization step; returns the loss before the update.
@@ -861,13 +965,9 @@ class SVI:
         """The current constrained parameter values, by name (copies)."""
         if not self._initialized:
             return {}
-        params = {}
-        for name, value in self._unpack(self._flat).items():
-            constraint = self._layout.constraints[name]
-            if constraint is not constraints.real:
-                value = biject_to(constraint)(value)
-            params[name] = value.detach().clone()
-        return params
+        # the store holds the params after each step, and any edits made to it since
+        store = self.param_store
+        return {name: store[name].detach().clone() for name in store}
 
     def _set_params(self, init_params: dict) -> None:
         layout = self._layout
@@ -903,3 +1003,6 @@ class SVI:
         with torch.no_grad():
             for name, value in self._unpack(self._flat).items():
                 self.param_store.unconstrained(name).copy_(value)
+            for key, (_, _, buffer) in self._module_buffers.items():
+                buffer.copy_(self._elbo_state[key])
+        self._store_marks = self._marks()
