@@ -337,3 +337,13 @@ def test_torch_validation_sets_and_restores_the_default_and_nests():
         assert Distribution._validate_args is True
     finally:
         Distribution.set_default_validate_args(before)
+
+
+def test_integer_param_is_named():
+    # torch's "only Tensors of floating point dtype can require gradients" named no param
+    from probtorch.params import ParamStore, param_scope
+
+    with param_scope(ParamStore()):
+        with pytest.raises(ValueError, match="param 'n': init_value has dtype torch.int64"):
+            pt.param("n", torch.tensor(3))
+        assert float(pt.param("m", 3).detach()) == 3.0  # a Python int is a float param

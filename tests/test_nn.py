@@ -67,6 +67,41 @@ def test_module_moves_with_double_and_trains_in_place_with_svi():
     assert abs(float(state["bias"]) - 0.5) < 1e-3
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_batchnorm_in_training_mode_trains_as_plain_autograd_does(compiled):
+    # BatchNorm updates its running statistics in place, which the step's gradient
+    # transform refused ("mutate a captured Tensor"): both modes failed
+    import copy
+
+    x = torch.randn(32, 3, generator=_gen(1), dtype=torch.float64)
+    y = torch.randn(32, generator=_gen(2), dtype=torch.float64)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
+    reference = copy.deepcopy(net)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
+    for _ in range(4):
+        optimizer.zero_grad()
+        loss = -torch.distributions.Normal(reference(x)[:, 0], 1.0).log_prob(y).sum()
+        loss.backward()
+        optimizer.step()
+
+    def model(x, y):
+        pt.module("net", net)
+        with pt.plate("n", len(y)):
+            pt.sample("y", dist.Normal(net(x)[:, 0], 1.0), obs=y)
+
+    svi = SVI(model, lambda x, y: None, pt.optim.SGD(lr=0.01), Trace_ELBO(), compile=compiled)
+    svi.step(x, y)
+    svi.step(x, y)
+    svi.run(2, x, y, progress_bar=False)
+    expected = reference.state_dict()
+    for name, value in net.state_dict().items():  # parameters, running mean and variance
+        torch.testing.assert_close(value, expected[name], rtol=1e-12, atol=1e-14)
+    assert int(net[1].num_batches_tracked) == 4
+
+
 # -- the attribute API ------------------------------------------------------------------------
 def _scaled_normal(module):  # a module-level function, not a lambda: the module pickles
     return dist.Normal(0.0, module.scale)

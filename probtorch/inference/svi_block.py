@@ -217,10 +217,17 @@ class InPlaceBlock:
                 compiled = self._compile(state_leaves, state_spec, arg_leaves, arg_spec)
         except Exception as error:  # noqa: BLE001 - anything capture or Inductor rejects
             first = str(error).splitlines()[0] if str(error) else ""
+            hint = ""
+            if "DataDependent" in type(error).__name__:
+                hint = (
+                    " (the model or guide reads a number from a tensor's values, such as "
+                    "int(labels.max()), to choose a shape or a branch; computing it once, "
+                    "outside, and passing it as an argument keeps the in-place step)"
+                )
             warnings.warn(
                 f"the SVI step could not be captured as an in-place graph "
                 f"({type(error).__name__}: {first[:300]}); running it through "
-                f"torch.compile instead",
+                f"torch.compile instead{hint}",
                 stacklevel=4,
             )
             self._fallback = self._make_fallback()
