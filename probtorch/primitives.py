@@ -15,6 +15,7 @@ from torch.distributions import constraints
 
 from .params import get_param_store
 from .runtime import CondIndepStackFrame, Message, Messenger, apply_stack, get_stack
+from .validation import readable
 
 __all__ = ["sample", "param", "plate", "deterministic", "factor", "module", "subsample"]
 
@@ -187,8 +188,12 @@ def deterministic(name: str, value: torch.Tensor) -> torch.Tensor:
     return apply_stack(msg).value
 
 
-def factor(name: str, log_factor: torch.Tensor) -> None:
+def factor(name: str, log_factor: torch.Tensor, has_rsample: bool | None = None) -> None:
     """Add ``log_factor`` to the model's log density, as an observed auxiliary site.
+
+    In a guide, the factor is part of ``log q`` (as in Pyro), and the ELBOs need
+    ``has_rsample=True``: ``log_factor`` is computed from reparameterized draws, so its
+    gradient is the pathwise one.
 
     Example::
 
@@ -198,7 +203,7 @@ def factor(name: str, log_factor: torch.Tensor) -> None:
         >>> float(tr.log_prob_sum())
         -3.0
     """
-    unit = pyro_dist.Unit(torch.as_tensor(log_factor))
+    unit = pyro_dist.Unit(torch.as_tensor(log_factor), has_rsample=has_rsample)
     sample(name, unit, obs=unit.sample(), infer={"is_auxiliary": True})
 
 
@@ -251,6 +256,33 @@ def subsample(name: str, size: int, subsample_size: int) -> torch.Tensor:
     return apply_stack(msg).value
 
 
+_subsample_site = subsample  # (plate's argument of that name hides the function)
+
+
+def _given_subsample(name: str, size: int, indices, subsample_size) -> int:
+    """Check ``plate(..., subsample=indices)``; returns the subsample size."""
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.is_floating_point():
+        what = (
+            f"a tensor of shape {tuple(indices.shape)} and dtype {indices.dtype}"
+            if isinstance(indices, torch.Tensor)
+            else type(indices).__name__
+        )
+        raise ValueError(
+            f"plate {name!r}: subsample must be a 1-d tensor of integer indices, got {what}"
+        )
+    count = indices.shape[0]
+    if subsample_size is not None and int(subsample_size) != count:
+        raise ValueError(
+            f"plate {name!r}: subsample_size={subsample_size} but subsample has {count} indices"
+        )
+    if readable(indices) and count and not (0 <= int(indices.min()) and int(indices.max()) < size):
+        raise ValueError(
+            f"plate {name!r}: subsample indices must lie in [0, size={size}), got "
+            f"[{int(indices.min())}, {int(indices.max())}]"
+        )
+    return count
+
+
 class plate(Messenger):
     """A vectorized conditional-independence context of ``size`` elements along ``dim``.
 
@@ -259,7 +291,8 @@ class plate(Messenger):
     plate returns the indices used, and log densities inside are scaled by
     ``size / subsample_size`` so that the log likelihood stays unbiased. As in Pyro and
     NumPyro, the indices are drawn once, when the plate is built, so a plate entered several
-    times uses the same subsample each time.
+    times uses the same subsample each time. ``subsample=indices`` gives the indices
+    instead (a minibatch chosen by a data loader): ``subsample_size`` is their number.
 
     Example::
 
@@ -269,6 +302,9 @@ class plate(Messenger):
         ...         return pt.sample("x", dist.Normal(0.0, 1.0))
         >>> pt.handlers.seed(model, rng_seed=0)().shape
         torch.Size([5])
+        >>> with pt.plate("data", 100, subsample=torch.tensor([3, 14, 15])) as idx:
+        ...     idx
+        tensor([ 3, 14, 15])
     """
 
     def __init__(
@@ -277,11 +313,14 @@ class plate(Messenger):
         size: int,
         subsample_size: int | None = None,
         dim: int | None = None,
+        subsample: torch.Tensor | None = None,
     ):
         super().__init__()
         size = int(size)
         if size < 0:
             raise ValueError(f"plate {name!r}: size must be >= 0, got {size}")
+        if subsample is not None:
+            subsample_size = _given_subsample(name, size, subsample, subsample_size)
         if subsample_size is None:
             subsample_size = size
         subsample_size = int(subsample_size)
@@ -296,7 +335,9 @@ class plate(Messenger):
         self.subsample_size = subsample_size
         self._user_dim = dim
         self.dim: int | None = dim
-        self.indices: torch.Tensor = subsample(name, size, subsample_size)
+        if subsample is None:
+            subsample = _subsample_site(name, size, subsample_size)
+        self.indices: torch.Tensor = subsample
 
     def _allocate_dim(self) -> int:
         used = {h.dim for h in get_stack() if isinstance(h, plate) and h is not self}

@@ -366,6 +366,39 @@ def test_subsampled_run():
     assert bool(torch.isfinite(result.losses).all())
 
 
+def test_minibatches_given_by_a_data_loader():
+    # plate(..., subsample=indices), as Pyro's: the log likelihood is scaled by
+    # size / len(indices), and new indices of the same length do not recompile the step
+    y = _data(40)
+
+    def model(y, idx):
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        with pt.plate("n", len(y), subsample=idx):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+    def guide(y, idx):
+        normal_guide(y)
+
+    idx = torch.tensor([3, 1, 4, 1, 5])
+    tr = pt.handlers.trace(pt.handlers.seed(model, rng_seed=0)).get_trace(y, idx)
+    mu = tr["mu"].value
+    expected = dist.Normal(mu, 1.0).log_prob(y[idx]).sum() * 40 / 5
+    torch.testing.assert_close(tr["y"].fn.log_prob(tr["y"].value).sum() * tr["y"].scale, expected)
+    batches = torch.randperm(40, generator=torch.Generator().manual_seed(0)).reshape(8, 5)
+    compiled, eager = (SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=c, seed=1)
+                       for c in (True, False))
+    with count_compiles() as stats:
+        for batch in batches:
+            assert compiled.step(y, batch) == pytest.approx(eager.step(y, batch), rel=1e-12)
+    assert stats.graphs == 1 and stats.graph_breaks == 0
+    with pytest.raises(ValueError, match="plate 'n': subsample must be a 1-d tensor of integer"):
+        pt.plate("n", 40, subsample=torch.tensor([0.5]))
+    with pytest.raises(ValueError, match=r"'n': subsample indices must lie in \[0, size=40\)"):
+        pt.plate("n", 40, subsample=torch.tensor([0, 40]))
+    with pytest.raises(ValueError, match="subsample_size=3 but subsample has 2 indices"):
+        pt.plate("n", 40, subsample_size=3, subsample=torch.tensor([0, 1]))
+
+
 # -- interrupts and non-finite losses ------------------------------------------------------------
 def _exploding(loc_limit):
     def model():
