@@ -324,6 +324,27 @@ def test_non_reparameterized_guide_site_needs_tracegraph():
     assert math.isfinite(TraceGraph_ELBO().loss(model, guide))
 
 
+def test_a_factor_in_the_guide_is_part_of_log_q():
+    # as in Pyro: it was left out of every ELBO
+    def model():
+        pt.sample("z", dist.Normal(0.0, 1.0))
+
+    def guide():  # the exact posterior, and a factor: -ELBO = 0 + (-0.7)
+        z = pt.sample("z", dist.Normal(0.0, 1.0))
+        pt.factor("extra", torch.tensor(-0.7) + 0 * z, has_rsample=True)
+
+    for elbo in (Trace_ELBO(4), TraceMeanField_ELBO(4), TraceGraph_ELBO(4), RenyiELBO(0.5, 4)):
+        assert elbo.loss(model, guide) == pytest.approx(-0.7, abs=1e-6), type(elbo).__name__
+
+    def undeclared():
+        z = pt.sample("z", dist.Normal(0.0, 1.0))
+        pt.factor("extra", -0.5 * z)
+
+    with pytest.raises(ValueError, match=r"factor \(observed site\) 'extra' is part of log q.*"
+                                         r"has_rsample=True"):
+        Trace_ELBO().loss(model, undeclared)
+
+
 def test_guide_samples_an_observed_site():
     def guide(x):
         pt.sample("z", dist.Normal(0.0, 1.0))

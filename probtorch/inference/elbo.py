@@ -86,6 +86,8 @@ class ELBOPlan:
     max_plate_nesting: int
     guide_latents: tuple[str, ...]
     model_sites: tuple[str, ...]
+    # observed sites of the guide (pt.factor): part of log q, as in Pyro
+    guide_factors: tuple[str, ...] = ()
     analytic_kl: frozenset = frozenset()  # TraceMeanField_ELBO
     # TraceGraph_ELBO: per non-reparameterized guide site, the guide and model sites
     # downstream of it (the Rao-Blackwellized cost).
@@ -143,9 +145,9 @@ def _support_inside(guide_support, model_support) -> bool | None:
         # subclasses (e.g. Pyro's softplus_positive) share the set of their base class
         return isinstance(g, type(m)) or None if g.is_discrete == m.is_discrete else False
     if isinstance(g, constraints._IntegerInterval):
-        return _bound(g.lower_bound) >= _bound(m.lower_bound) and _bound(
-            g.upper_bound
-        ) <= _bound(m.upper_bound)
+        return _bound(g.lower_bound) >= _bound(m.lower_bound) and _bound(g.upper_bound) <= _bound(
+            m.upper_bound
+        )
     return True
 
 
@@ -258,8 +260,10 @@ class ELBO:
         holds the score-function and baseline terms.
         """
         plan = self.prepare(model, guide, args, kwargs)
-        state = self._eager_state if set(self._eager_state) == set(plan.initial_state) else (
-            plan.initial_state
+        state = (
+            self._eager_state
+            if set(self._eager_state) == set(plan.initial_state)
+            else (plan.initial_state)
         )
         with _Seeded():
             surrogate, _, state = self.compute(model, guide, args, kwargs, plan, state)
@@ -349,6 +353,15 @@ class ELBO:
                     f"extra guide sites infer={{'is_auxiliary': True}})"
                 )
         self._check_reparam(guide_trace, guide_latents)
+        guide_factors = [n for n, s in guide_trace.items() if s.type == "sample" and s.is_observed]
+        for name in guide_factors:
+            if getattr(guide_trace[name].fn, "has_rsample", False) is not True:
+                raise ValueError(
+                    f"the guide's factor (observed site) {name!r} is part of log q; "
+                    f"{type(self).__name__} differentiates it along reparameterized draws, "
+                    f"so declare that it comes from them: pt.factor({name!r}, log_factor, "
+                    f"has_rsample=True)"
+                )
         nesting = 0
         for tr in (model_trace, guide_trace):
             for site in tr.values():
@@ -359,6 +372,7 @@ class ELBO:
         return ELBOPlan(
             max_plate_nesting=nesting,
             guide_latents=tuple(guide_latents),
+            guide_factors=tuple(guide_factors),
             model_sites=tuple(n for n, s in model_trace.items() if s.type == "sample"),
         )
 
@@ -415,6 +429,9 @@ class ELBO:
                 term = -_per_particle(kl, pdim, num)
             else:
                 term = -_per_particle(site_log_prob(site), pdim, num)
+            elbo = term if elbo is None else elbo + term
+        for name in plan.guide_factors:
+            term = -_per_particle(site_log_prob(guide_trace[name]), pdim, num)
             elbo = term if elbo is None else elbo + term
         return elbo
 
@@ -625,8 +642,8 @@ class TraceGraph_ELBO(ELBO):
             baseline = None
             if options.get("use_decaying_avg_baseline", False):
                 beta = float(options.get("baseline_beta", 0.9))
-                reduced = cost if pdim is None or cost.dim() < -pdim else cost.mean(
-                    pdim, keepdim=True
+                reduced = (
+                    cost if pdim is None or cost.dim() < -pdim else cost.mean(pdim, keepdim=True)
                 )
                 key = f"baseline_avg/{name}"
                 old = torch.zeros_like(reduced) if initializing else state[key]
