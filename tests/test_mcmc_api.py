@@ -887,6 +887,21 @@ def test_python_branch_on_a_latent_value_is_named_with_advice():
         mcmc.run(torch.tensor(0.3))
 
 
+def test_dropout_in_training_mode_is_named_with_advice():
+    # vmap's "called random operation while in randomness error mode" said nothing of why
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Dropout(0.5))
+
+    def model(x):
+        s = pt.sample("s", dist.HalfNormal(1.0))
+        pt.sample("y", dist.Normal(net(x).sum(), s), obs=torch.tensor(0.5))
+
+    mcmc = _mcmc(model, num_warmup=5, num_samples=5)
+    with pytest.raises(ValueError, match=r"failed after site 's'.*random.*Dropout; call net\.eval"):
+        mcmc.run(torch.ones(2))
+    net.eval()
+    mcmc.run(torch.ones(2))
+
+
 def test_discrete_latent_site_is_named():
     def model(y):
         flip = pt.sample("flip", dist.Bernoulli(0.3))

@@ -455,6 +455,13 @@ class Potential:
                     "values in Python (.item(), int(x), `if x > 0:`); use torch operations "
                     "such as torch.where."
                 )
+            elif "random operation" in text:
+                advice = (
+                    " A potential is a deterministic function of the latent values, but the "
+                    "model draws random numbers outside pt.sample: a module in training mode "
+                    "(Dropout; call net.eval()) or a torch sampler such as torch.randn. Make "
+                    "such randomness a pt.sample site, or remove it."
+                )
             raise ValueError(
                 f"the model failed {where} when evaluated for all chains at once "
                 f"({type(vmapped_error).__name__}: {text.splitlines()[0]}).{advice}"
