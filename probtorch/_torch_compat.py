@@ -27,8 +27,11 @@ multivariate normal's log determinant reaches it) calls the deprecated
 ``torch._prims_common.check``, and every first compile of such a model showed torch's
 ``FutureWarning``; and AOTInductor logs "is missing a c-shim implementation, using proxy
 executor as fallback" for each linear-algebra call (Cholesky, triangular solves) in a lean
-package it builds, a fallback that runs correctly. Any other warning or log line is left
-alone.
+package it builds, a fallback that runs correctly; and ``standalone_compile`` logs
+"artifact generation failed, cannot save" where a graph's cache artifacts cannot be
+serialized (an SVI step with a low-rank or Cholesky-factor guide, a Wishart model), which
+matters only to a caller who saves the artifacts: probtorch uses them in the process. Any
+other warning or log line is left alone.
 
 Example::
 
@@ -96,11 +99,22 @@ def import_inductor_deps_quietly() -> None:
 _PRIMS_CHECK_DEPRECATED = r"`torch\._prims_common\.check` is deprecated"
 
 
-class _DropCShimFallback(logging.Filter):
-    """Drops AOTInductor's "missing a c-shim implementation" records (see the module doc)."""
+class _DropRecords(logging.Filter):
+    """Drops the log records whose message contains ``fragment``."""
+
+    def __init__(self, fragment: str):
+        super().__init__()
+        self.fragment = fragment
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "is missing a c-shim implementation" not in str(record.msg)
+        return self.fragment not in str(record.msg)
+
+
+# logger -> the message fragment dropped there (see the module doc)
+_DROPPED_RECORDS = {
+    "torch._inductor.ir": "is missing a c-shim implementation",
+    "torch._inductor.standalone_compile": "standalone_compile artifact generation failed",
+}
 
 
 def silence_torch_internal_messages() -> None:
@@ -109,7 +123,7 @@ def silence_torch_internal_messages() -> None:
 
     >>> silence_torch_internal_messages()
     >>> import logging
-    >>> sum(isinstance(f, _DropCShimFallback)
+    >>> sum(isinstance(f, _DropRecords)
     ...     for f in logging.getLogger("torch._inductor.ir").filters)
     1
     """
@@ -119,9 +133,10 @@ def silence_torch_internal_messages() -> None:
         category=FutureWarning,
         module=r"torch\._inductor\.",
     )
-    logger = logging.getLogger("torch._inductor.ir")
-    if not any(isinstance(f, _DropCShimFallback) for f in logger.filters):
-        logger.addFilter(_DropCShimFallback())
+    for name, fragment in _DROPPED_RECORDS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropRecords) for f in logger.filters):
+            logger.addFilter(_DropRecords(fragment))
 
 
 import_inductor_deps_quietly()
