@@ -307,7 +307,10 @@ def test_step_and_evaluate_loss():
     loss = svi.evaluate_loss(y)
     assert svi.get_params() == params
     assert isinstance(loss, float)
-    svi.step(y)
+    assert svi.evaluate_loss(y) == loss  # a copy of the random stream: the same draws
+    other = SVI(normal_model, normal_guide, pt.optim.SGD(lr=0.01), Trace_ELBO(), compile=False)
+    other.init(y)
+    assert svi.step(y) == other.step(y)  # the steps are those without evaluate_loss
     assert float(svi.get_params()["loc"]) > 0  # moved toward the data (mean 1.5)
     assert float(svi.param_store["loc"].detach()) == float(svi.get_params()["loc"])
 

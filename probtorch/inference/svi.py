@@ -857,13 +857,20 @@ class SVI:
         return losses[0]
 
     def evaluate_loss(self, *args, **kwargs) -> float:
-        """An estimate of the loss at the current params, without updating them."""
+        """An estimate of the loss at the current params, without updating them.
+
+        It draws from a copy of this SVI's random stream (as NumPyro's ``evaluate``): the
+        steps that follow are the same as without it, and two calls at the same params
+        give the same estimate.
+        """
         self._ensure_init(args, kwargs)
-        with self._rng(), torch.no_grad(), torch_validation(False):
-            try:
+        kept = self._rng_state
+        try:
+            with self._rng(), torch.no_grad(), torch_validation(False):
                 _, (loss, _) = self._surrogate(self._flat, self._elbo_state, args, kwargs)
-            finally:
-                self._swap_modules(None)
+        finally:
+            self._swap_modules(None)
+            self._rng_state = kept
         return float(loss)
 
     def run(
