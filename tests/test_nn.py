@@ -79,6 +79,8 @@ def test_batchnorm_in_training_mode_trains_as_plain_autograd_does(compiled):
     net = torch.nn.Sequential(
         torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
     )
+    net[0].register_buffer("offset", torch.zeros(8))  # only read: stays a constant
+    net[0].register_forward_hook(lambda module, args, out: out + module.offset)
     reference = copy.deepcopy(net)
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
     for _ in range(4):
@@ -100,6 +102,10 @@ def test_batchnorm_in_training_mode_trains_as_plain_autograd_does(compiled):
     for name, value in net.state_dict().items():  # parameters, running mean and variance
         torch.testing.assert_close(value, expected[name], rtol=1e-12, atol=1e-14)
     assert int(net[1].num_batches_tracked) == 4
+    # the step's state holds BatchNorm's three buffers, which it writes, not the offset
+    assert sorted(attr for _, attr, _ in svi._module_buffers.values()) == [
+        "num_batches_tracked", "running_mean", "running_var"
+    ]
 
 
 # -- the attribute API ------------------------------------------------------------------------

@@ -110,25 +110,23 @@ class _ParamValues(Messenger):
         msg.value = value if constraint is constraints.real else biject_to(constraint)(value)
 
 
-def _module_buffers(called: list) -> dict:
-    """``key -> (module, attribute, buffer)`` for the buffers of the modules called by the
-    model and guide (and their submodules).
+def _module_buffers(written: list) -> dict:
+    """``key -> (module, attribute, buffer)`` for the buffers that the modules called by the
+    model and guide wrote in place when they ran at set-up (``written``).
 
-    A forward call in training mode may update buffers in place (BatchNorm's running mean,
+    A forward call in training mode updates buffers in place (BatchNorm's running mean,
     variance and batch count). The step's gradient transform refuses writes into tensors
-    it did not receive, so the buffers are part of the step's state: each step puts copies
+    it did not receive, so those buffers are part of the step's state: each step puts copies
     into the modules, and keeps what the forward calls leave there (see
     :meth:`SVI._swap_modules`); after a step the modules' own buffers hold the values.
+    Buffers that are only read (a positional encoding, say) stay constants of the step.
     """
-    found, seen = {}, set()
-    for module in (sub for caller in called for sub in caller.modules()):
-        if id(module) in seen:
+    found = {}
+    for module, attr in written:
+        buffer = module._buffers.get(attr)
+        if buffer is None:
             continue
-        seen.add(id(module))
-        for attr, buffer in module._buffers.items():
-            if buffer is not None:
-                key = f"buffer:{len(found)}:{type(module).__name__}.{attr}"
-                found[key] = (module, attr, buffer)
+        found[f"buffer:{len(found)}:{type(module).__name__}.{attr}"] = (module, attr, buffer)
     return found
 
 
@@ -143,15 +141,20 @@ class _Layout(NamedTuple):
 
 
 @contextlib.contextmanager
-def _module_calls(found: list):
-    """Record every module called inside the block (to find owners of module params and
-    buffers). Buffers the calls update in place (BatchNorm's running statistics in training
-    mode) are put back as they were before: set-up is not a step."""
+def _module_calls(found: list, written: list):
+    """Record every module called inside the block (to find owners of module params) in
+    ``found``, and in ``written`` the ``(module, attribute)`` of each buffer the calls
+    updated in place (BatchNorm's running statistics in training mode), which are put back
+    as they were before: set-up is not a step."""
     before: dict = {}
 
     def pre_hook(module, args):
         if id(module) not in before:
-            saved = {k: b.detach().clone() for k, b in module._buffers.items() if b is not None}
+            saved = {
+                k: (b._version, b.detach().clone())
+                for k, b in module._buffers.items()
+                if b is not None
+            }
             before[id(module)] = (module, saved)
         found.append(module)
 
@@ -162,10 +165,29 @@ def _module_calls(found: list):
         handle.remove()
         with torch.no_grad():
             for module, saved in before.values():
-                for attr, value in saved.items():
-                    current = module._buffers.get(attr)
-                    if current is not None and current.shape == value.shape:
+                # a kernel's own write (batch_norm's running statistics) leaves the version
+                # counter alone: values are compared too; a module that wrote one of its
+                # buffers has all of them in the step's state
+                changed = [
+                    attr
+                    for attr, (version, value) in saved.items()
+                    if _buffer_changed(module._buffers.get(attr), version, value)
+                ]
+                if not changed:
+                    continue
+                written.extend((module, attr) for attr in saved)
+                for attr in changed:
+                    current, value = module._buffers[attr], saved[attr][1]
+                    if current.shape == value.shape:
                         current.copy_(value)
+
+
+def _buffer_changed(current, version: int, value: torch.Tensor) -> bool:
+    if current is None:
+        return False
+    if current._version != version or current.shape != value.shape:
+        return True
+    return not torch.equal(current, value)
 
 
 # Inductor's Python wrapper runs between the kernels of every step: with ``cpp_wrapper``
@@ -429,7 +451,8 @@ class SVI:
         :meth:`run` when needed.
         """
         called: list = []
-        with self._rng(), param_scope(self.param_store), _module_calls(called):
+        written: list = []
+        with self._rng(), param_scope(self.param_store), _module_calls(called, written):
             self._plan = self.loss.prepare(self.model, self.guide, args, kwargs)
         store = self.param_store
         if len(store) == 0:
@@ -455,7 +478,7 @@ class SVI:
             device=leaves[0].device,
         )
         self._module_owners = self._find_module_owners(names, leaves, called)
-        self._module_buffers = _module_buffers(called)
+        self._module_buffers = _module_buffers(written)
         self._flat = torch.cat([leaf.detach().reshape(-1).to(dtype) for leaf in leaves])
         self._last_good = self._flat.clone()  # a distinct tensor: aliasing would recompile
         self._opt_state = self.optim.init(self._flat)
