@@ -40,6 +40,19 @@ class ParamStore:
         constraint: constraints.Constraint = constraints.real,
     ) -> torch.Tensor:
         """The constrained value of ``name``, created from ``init_value`` if it is new."""
+        current = self._unconstrained.get(name)
+        if (
+            isinstance(init_value, torch.nn.Parameter)
+            and current is not None
+            and current is not init_value
+            and not isinstance(current, torch.nn.Parameter)
+            and current.shape == init_value.shape
+        ):
+            # a module's parameter whose value was loaded (load, set_state) before the
+            # module was registered: the module takes the value, the store the parameter
+            with torch.no_grad():
+                init_value.copy_(current)
+            self._unconstrained[name] = init_value
         if name not in self._unconstrained:
             if init_value is None:
                 raise KeyError(f"param {name!r} is not in the param store and has no init_value")
@@ -176,16 +189,50 @@ class ParamStore:
         self.set_state(state)
 
 
+def same_constraint(a: constraints.Constraint, b: constraints.Constraint) -> bool:
+    """Whether two constraint objects are the same constraint: the same class with equal
+    attributes (tensor bounds compared by value). An unpickled copy of a constraint is
+    another object.
+
+    >>> import pickle
+    >>> same_constraint(pickle.loads(pickle.dumps(constraints.positive)), constraints.positive)
+    True
+    >>> same_constraint(constraints.interval(0.0, 1.0), constraints.interval(0.0, 2.0))
+    False
+    """
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    left, right = vars(a), vars(b)
+    if left.keys() != right.keys():
+        return False
+    for key, x in left.items():
+        y = right[key]
+        if isinstance(x, constraints.Constraint) and isinstance(y, constraints.Constraint):
+            same = same_constraint(x, y)
+        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            same = (
+                isinstance(x, torch.Tensor)
+                and isinstance(y, torch.Tensor)
+                and x.shape == y.shape
+                and bool(torch.equal(x, y.to(x.dtype)))
+            )
+        else:
+            try:
+                same = bool(x == y)
+            except Exception:  # noqa: BLE001 - not comparable: not the same
+                same = False
+        if not same:
+            return False
+    return True
+
+
 def _canonical(constraint: constraints.Constraint) -> constraints.Constraint:
-    """torch's module-level constraint object equal to ``constraint`` (an unpickled copy of
-    ``constraints.positive`` is another object; code checks ``constraint is
-    constraints.real``), or ``constraint`` itself."""
+    """torch's module-level constraint object equal to ``constraint`` (code checks
+    ``constraint is constraints.real``), or ``constraint`` itself."""
     for known in vars(constraints).values():
-        if (
-            isinstance(known, constraints.Constraint)
-            and type(known) is type(constraint)
-            and vars(known) == vars(constraint)
-        ):
+        if isinstance(known, constraints.Constraint) and same_constraint(known, constraint):
             return known
     return constraint
 

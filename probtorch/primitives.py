@@ -261,16 +261,24 @@ _subsample_site = subsample  # (plate's argument of that name hides the function
 
 def _given_subsample(name: str, size: int, indices, subsample_size) -> int:
     """Check ``plate(..., subsample=indices)``; returns the subsample size."""
-    if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.is_floating_point():
+    if (
+        not isinstance(indices, torch.Tensor)
+        or indices.dim() != 1
+        or indices.is_floating_point()
+        or indices.dtype == torch.bool
+    ):
         what = (
             f"a tensor of shape {tuple(indices.shape)} and dtype {indices.dtype}"
             if isinstance(indices, torch.Tensor)
             else type(indices).__name__
         )
         raise ValueError(
-            f"plate {name!r}: subsample must be a 1-d tensor of integer indices, got {what}"
+            f"plate {name!r}: subsample must be a 1-d tensor of integer indices (not a "
+            f"boolean mask), got {what}"
         )
     count = indices.shape[0]
+    if count == 0:
+        raise ValueError(f"plate {name!r}: subsample has no indices")
     if subsample_size is not None and int(subsample_size) != count:
         raise ValueError(
             f"plate {name!r}: subsample_size={subsample_size} but subsample has {count} indices"

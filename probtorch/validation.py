@@ -164,6 +164,7 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
             what + f": the value would be broadcast to {broadcast}, counting each observation "
             f"more than once. Reshape the data or fix the plate/distribution shapes."
         )
+    _check_infinite_observation(name, fn, value)
     try:
         support = fn.support
     except NotImplementedError:
@@ -176,7 +177,6 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
             f"sample site {name!r}: observed value lies outside the support {support} of "
             f"{type(fn).__name__}: {_describe(value, valid)}"
         )
-    _check_infinite_observation(name, fn, value)
 
 
 def _check_infinite_observation(name: str, fn, value: torch.Tensor) -> None:

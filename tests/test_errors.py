@@ -305,6 +305,8 @@ def test_infinite_observation_is_a_data_error_naming_the_site():
         Potential(model, (y,), compile=False)
     assert "the same at two random initial points" in "\n".join(raised.value.__notes__)
     inf = torch.tensor(float("inf"))
+    with pytest.raises(ValueError, match="'u'.*1 infinite entries.*where Uniform"):
+        run_traced(lambda: pt.sample("u", dist.Uniform(0.0, 2.0), obs=inf))  # dependent support
     with pytest.raises(ValueError, match="'t'.*1 infinite entries.*where Exponential"):
         run_traced(lambda: pt.sample("t", dist.Exponential(1.0), obs=inf))
     # where the log density at inf is finite (a point mass there), inf is a fine observation

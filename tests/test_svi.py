@@ -299,6 +299,72 @@ def test_edits_of_the_param_store_are_what_the_next_step_starts_from(tmp_path):
     assert len(pt.get_param_store()) == 0 and len(svi.param_store) == 3
 
 
+def test_a_store_loaded_before_the_first_step_reaches_the_module(tmp_path):
+    # a loaded value stayed a tensor of the store that the module never read: the module
+    # kept its own values and did not train
+    y = _data(5)
+
+    def make():
+        net = torch.nn.Linear(1, 1)
+
+        def guide(y):
+            pt.module("net", net)
+            pt.sample("mu", dist.Normal(net(torch.ones(1))[0], 0.5))
+
+        return net, SVI(normal_model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO(),
+                        compile=False)
+
+    net, svi = make()
+    svi.run(5, y, progress_bar=False)
+    svi.param_store.save(tmp_path / "params.pt")
+    resumed_net, resumed = make()
+    resumed.param_store.load(tmp_path / "params.pt")
+    resumed.step(y)
+    assert resumed.param_store.unconstrained("net$$$weight") is resumed_net.weight
+    assert not torch.equal(resumed_net.weight.detach(), net.weight.detach())  # trained on
+    assert float((resumed_net.weight - net.weight).abs().detach()) < 0.2
+
+
+def test_set_state_with_tensor_bounded_constraints_keeps_the_optimizer_state():
+    y = _data(5)
+    bound = constraints.interval(torch.zeros(1), torch.full((1,), 5.0))
+
+    def guide(y):
+        scale = pt.param("scale", torch.full((1,), 1.0), constraint=bound)
+        pt.sample("mu", dist.Normal(pt.param("loc", torch.tensor(0.0)), scale[0]))
+
+    import pickle
+
+    svi = SVI(normal_model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
+    svi.run(3, y, progress_bar=False)
+    state = pickle.loads(pickle.dumps(svi.param_store.get_state()))  # new constraint objects
+    moments = [m.clone() for m in svi._opt_state]
+    svi.param_store.set_state(state)
+    svi._adopt_store_edits((y,), {})
+    for kept, before in zip(svi._opt_state, moments):  # not set up again
+        assert torch.equal(kept, before)
+
+
+def test_buffers_reset_between_steps_and_a_module_switched_to_training():
+    x = torch.randn(16, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    norm = torch.nn.BatchNorm1d(2).eval()
+
+    def model(x):
+        pt.module("norm", norm)
+        pt.sample("x", dist.Normal(norm(x), 1.0).to_event(2), obs=x)
+
+    svi = SVI(model, lambda x: None, pt.optim.SGD(lr=0.01), Trace_ELBO(), compile=False)
+    svi.step(x)  # in eval mode: no buffer is written
+    norm.train()
+    svi.step(x)
+    svi.step(x)
+    assert int(norm.num_batches_tracked) == 2
+    norm.reset_running_stats()
+    svi.step(x)
+    assert int(norm.num_batches_tracked) == 1
+    torch.testing.assert_close(norm.running_mean, 0.1 * x.mean(0))
+
+
 def test_step_and_evaluate_loss():
     y = _data(5)
     svi = SVI(normal_model, normal_guide, pt.optim.SGD(lr=0.01), Trace_ELBO(), compile=False)
@@ -400,6 +466,10 @@ def test_minibatches_given_by_a_data_loader():
         pt.plate("n", 40, subsample=torch.tensor([0, 40]))
     with pytest.raises(ValueError, match="subsample_size=3 but subsample has 2 indices"):
         pt.plate("n", 40, subsample_size=3, subsample=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="integer indices \\(not a boolean mask\\)"):
+        pt.plate("n", 3, subsample=torch.tensor([True, False, True]))
+    with pytest.raises(ValueError, match="plate 'n': subsample has no indices"):
+        pt.plate("n", 3, subsample=torch.tensor([], dtype=torch.long))
 
 
 # -- interrupts and non-finite losses ------------------------------------------------------------

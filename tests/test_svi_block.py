@@ -121,6 +121,21 @@ def test_a_data_dependent_branch_falls_back_to_torch_compile_and_its_error():
             svi.run(3, torch.ones(4), progress_bar=False)
 
 
+def test_an_error_of_the_users_code_in_a_compiled_step_is_raised_as_it_is():
+    # Dynamo reports it as "Observed exception"; the advice about one graph was wrong
+    def late_guide(y, extra):
+        loc = pt.param("a", torch.tensor(0.0))
+        if extra:
+            loc = loc + pt.param("b", torch.tensor(0.0))
+        pt.sample("mu", dist.Normal(loc, 1.0))
+
+    svi = SVI(lambda y, extra: global_model(y, 1.0), late_guide, pt.optim.Adam(lr=0.1),
+              Trace_ELBO())
+    svi.step(torch.ones(3), False)
+    with pytest.raises(ValueError, match="param 'b' did not exist when SVI was initialized"):
+        svi.step(torch.ones(3), True)
+
+
 def test_a_block_that_writes_into_its_data_falls_back():
     # (Inside SVI's gradient transform torch itself refuses such writes; the check guards
     # the in-place graph, whose buffers would otherwise be the caller's tensors.)

@@ -578,11 +578,14 @@ class TraceGraph_ELBO(ELBO):
 
     def _extend_plan(self, plan, model_trace, guide_trace):
         model_order = {n: i for i, n in enumerate(plan.model_sites)}
+        guide_order = {n: i for i, n in enumerate(guide_trace)}
         latents = list(plan.guide_latents)
         for i, name in enumerate(latents):
             if guide_trace[name].fn.has_rsample:
                 continue
-            guide_nodes = tuple(latents[i:])
+            # the guide's factors after the site are part of its downstream log q
+            factors = [f for f in plan.guide_factors if guide_order[f] > guide_order[name]]
+            guide_nodes = tuple(latents[i:]) + tuple(factors)
             # Pyro's dense graph: a model site depends on every model site before it.
             first = min((model_order[n] for n in guide_nodes if n in model_order), default=None)
             children = ()

@@ -58,7 +58,7 @@ from torch.distributions import constraints
 from ..distributions.constraint_registry import biject_to
 from ..handlers import replay, site_log_prob
 from ..optim import Optimizer
-from ..params import ParamStore, param_scope
+from ..params import ParamStore, param_scope, same_constraint
 from ..runtime import Message, Messenger
 from ..validation import torch_validation
 from .compile import (
@@ -110,7 +110,7 @@ class _ParamValues(Messenger):
         msg.value = value if constraint is constraints.real else biject_to(constraint)(value)
 
 
-def _module_buffers(written: list) -> dict:
+def _module_buffers(written: list, start: int = 0) -> dict:
     """``key -> (module, attribute, buffer)`` for the buffers that the modules called by the
     model and guide wrote in place when they ran at set-up (``written``).
 
@@ -126,7 +126,8 @@ def _module_buffers(written: list) -> dict:
         buffer = module._buffers.get(attr)
         if buffer is None:
             continue
-        found[f"buffer:{len(found)}:{type(module).__name__}.{attr}"] = (module, attr, buffer)
+        key = f"buffer:{start + len(found)}:{type(module).__name__}.{attr}"
+        found[key] = (module, attr, buffer)
     return found
 
 
@@ -479,6 +480,8 @@ class SVI:
         )
         self._module_owners = self._find_module_owners(names, leaves, called)
         self._module_buffers = _module_buffers(written)
+        unique = dict.fromkeys(sub for caller in called for sub in caller.modules())
+        self._called_modules = list(unique)
         self._flat = torch.cat([leaf.detach().reshape(-1).to(dtype) for leaf in leaves])
         self._last_good = self._flat.clone()  # a distinct tensor: aliasing would recompile
         self._opt_state = self.optim.init(self._flat)
@@ -496,35 +499,74 @@ class SVI:
         return self.get_params()
 
     def _marks(self) -> tuple:
-        """What identifies the store's contents: each leaf's name, object and version
-        counter (which every in-place write bumps, e.g. a module's ``load_state_dict``)."""
+        """What identifies what a step starts from: each param leaf's name, object and
+        version counter (which every in-place write bumps, e.g. a module's
+        ``load_state_dict``), the same of the module buffers in the step's state, and the
+        training flags of the modules the model and guide call."""
         store = self.param_store
         leaves = ((n, store.unconstrained(n)) for n in store)
-        return tuple((n, id(leaf), leaf._version) for n, leaf in leaves)
+        params = tuple((n, id(leaf), leaf._version) for n, leaf in leaves)
+        buffers = tuple(
+            (key, id(module._buffers.get(attr)), getattr(module._buffers.get(attr), "_version", 0))
+            for key, (module, attr, _) in self._module_buffers.items()
+        )
+        return params, buffers, tuple(m.training for m in self._called_modules)
 
     def _adopt_store_edits(self, args, kwargs) -> None:
         """Train from the store's values where they were changed since the last step
         (``svi.param_store[name] = value``, ``set_state``, ``load``, a module's
         ``load_state_dict``): the optimizer state is kept for params of the same shapes and
-        constraints; other changes (new, removed or reshaped params) set the SVI up again."""
+        constraints; other changes (new, removed or reshaped params) set the SVI up again.
+        Module buffers written since (``reset_running_stats``) are the step's buffers from
+        now on, and a module switched to training mode is checked for buffers it writes."""
         marks = self._marks()
         if marks == self._store_marks:
             return
-        store, layout = self.param_store, self._layout
-        same = tuple(store.keys()) == layout.names and all(
-            store.unconstrained(n).shape == shape
-            and store.unconstrained(n).dtype == dtype
-            and store.constraint(n) is layout.constraints[n]
-            for n, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes)
-        )
-        if not same:
-            self.init(*args, **kwargs)
-            return
-        self._flat = torch.cat(
-            [store.unconstrained(n).detach().reshape(-1).to(layout.dtype) for n in layout.names]
-        )
-        self._last_good = self._flat.clone()
-        self._store_marks = marks
+        old = self._store_marks
+        if marks[0] != old[0]:
+            store, layout = self.param_store, self._layout
+            same = tuple(store.keys()) == layout.names and all(
+                store.unconstrained(n).shape == shape
+                and store.unconstrained(n).dtype == dtype
+                and same_constraint(store.constraint(n), layout.constraints[n])
+                for n, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes)
+            )
+            if not same:
+                self.init(*args, **kwargs)
+                return
+            self._flat = torch.cat(
+                [store.unconstrained(n).detach().reshape(-1).to(layout.dtype) for n in layout.names]
+            )
+            self._last_good = self._flat.clone()
+        if marks[1] != old[1]:
+            for key, (module, attr, _) in list(self._module_buffers.items()):
+                current = module._buffers[attr]
+                self._module_buffers[key] = (module, attr, current)
+                self._elbo_state[key] = current.detach().clone()
+        if marks[2] != old[2]:
+            self._detect_buffer_writes(args, kwargs)
+        self._store_marks = self._marks()
+
+    def _detect_buffer_writes(self, args, kwargs) -> None:
+        """Run the loss once, eagerly, to find buffers the modules now write (a module
+        switched to training mode since set-up) and add them to the step's state."""
+        known = self._module_buffers
+        called: list = []
+        written: list = []
+        loss_state = {k: v for k, v in self._elbo_state.items() if k not in known}
+        self._module_buffers = {}
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad(), torch_validation(False):
+                with _module_calls(called, written):
+                    self._surrogate(self._flat, loss_state, args, kwargs)
+        finally:
+            self._module_buffers = known
+            self._swap_modules(None)
+        seen = {(id(m), attr) for m, attr, _ in known.values()}
+        new = [(m, attr) for m, attr in written if (id(m), attr) not in seen]
+        for key, entry in _module_buffers(new, start=len(known)).items():
+            known[key] = entry
+            self._elbo_state[key] = entry[2].detach().clone()
 
     def _find_module_owners(self, names, leaves, called) -> dict:
         """``name -> [(module, attribute)]`` for params that are parameters of called modules.
@@ -642,6 +684,15 @@ class SVI:
                 try:
                     return compiled(*args)
                 except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
+                    # an error the user's code raises while traced reaches here as Dynamo's
+                    # "Observed exception": the step run eagerly raises it as it is
+                    try:
+                        with torch.random.fork_rng(devices=[]):
+                            svi_block(*args)
+                    except Exception as eager_error:  # noqa: BLE001 - the user's own error
+                        raise eager_error from error
+                    finally:
+                        self._swap_modules(None)
                     raise _uncompilable(error) from error
 
             return block
@@ -789,7 +840,8 @@ class SVI:
         be compiled (the model branches on a float, or hands it to ``math.sqrt`` or to an
         argument that must be a number), the floats stay numbers, as in eager code, and
         each new value compiles the step again."""
-        rng = torch.random.get_rng_state()
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        rng = (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -801,7 +853,9 @@ class SVI:
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return out
-        torch.random.set_rng_state(rng)
+        torch.random.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
         self._float_inputs = False
         self._lifted_cache = None
         self._blocks = {}
@@ -871,6 +925,7 @@ class SVI:
         self._ensure_init(args, kwargs)
         with self._rng():
             losses, oks = self._run_block(1, 1, *self._laid_out(args, kwargs), in_place=False)
+        self._lifted_cache = None
         if not oks[0]:
             _, message = self._handle_nonfinite(losses, oks, self._num_steps, args, kwargs)
             self._sync_store()
@@ -987,6 +1042,7 @@ class SVI:
                 shown.flush()
             bar.close()
             self._num_steps += done
+            self._lifted_cache = None  # (it holds the run's arguments)
             self._sync_store()
         losses = torch.tensor(all_losses, dtype=self._layout.dtype)
         return SVIRunResult(self.get_params(), losses)
