@@ -455,8 +455,9 @@ def test_sampling_problems_are_reported_after_the_run():
     y = _vector_data()
     fixed = {"num_warmup": 0, "num_samples": 20, "adapt_step_size": False}
     with pytest.warns(UserWarning, match=r"\d+ of 40 transitions after warmup diverged.*"
-                      r"raise target_accept_prob above 0.8"):  # fmt: skip
+                      r"raise target_accept_prob above 0.8") as caught:  # fmt: skip
         _mcmc(step_size=30.0, **fixed).run(y)
+    assert {w.filename for w in caught} == {__file__}  # the user's line, not probtorch's
     with pytest.warns(UserWarning, match=r"\d+ of 40 transitions reached max_tree_depth=2"):
         _mcmc(step_size=1e-3, max_tree_depth=2, **fixed).run(y)
     # counted before thinning: every sampling transition, as Stan counts them

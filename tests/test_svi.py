@@ -490,8 +490,9 @@ def test_nonfinite_loss_stops_the_run_with_the_last_finite_params():
     # SGD: loc 0 -> 1.5 after one step, where the model's factor is NaN.
     svi = SVI(model, guide, pt.optim.SGD(lr=0.3), Trace_ELBO(), compile=False)
     with pytest.warns(RuntimeWarning, match=r"loss is not finite \(nan\) at step 1 .*kept from "
-                      r"step 0.*site 'cliff' of the model"):
+                      r"step 0.*site 'cliff' of the model") as caught:
         result = svi.run(10, progress_bar=False)
+    assert {w.filename for w in caught} == {__file__}  # the user's line, not probtorch's
     assert result.losses.shape == (1,)
     assert float(result.params["loc"]) == 0.0
     assert math.isfinite(svi.step())  # from loc=0 again

@@ -26,11 +26,11 @@ generator as it was. Without ``seed`` the run draws its seed from torch's global
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
+from .._caller import warn_at_caller
 from ..handlers import Trace, seed, substitute, trace
 from ..primitives import plate
 from ..runtime import Message, Messenger
@@ -108,11 +108,10 @@ def _check_samples(posterior_samples: dict, num_samples: int | None, batch_ndims
         )
     shape = next(iter(shapes.values()))
     if num_samples is not None and int(num_samples) != math.prod(shape):
-        warnings.warn(
+        warn_at_caller(
             f"num_samples={num_samples} but posterior_samples hold {math.prod(shape)} draws; "
             f"using the {math.prod(shape)} draws (slice the samples for fewer)",
             UserWarning,
-            stacklevel=3,
         )
     return shape
 

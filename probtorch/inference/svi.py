@@ -55,6 +55,7 @@ from typing import NamedTuple
 import torch
 from torch.distributions import constraints
 
+from .._caller import warn_at_caller
 from ..distributions.constraint_registry import biject_to
 from ..handlers import replay, site_log_prob
 from ..optim import Optimizer
@@ -1021,7 +1022,7 @@ class SVI:
                         failed, message = self._handle_nonfinite(
                             losses, oks, self._num_steps + done, args, kwargs
                         )
-                        warnings.warn(message, RuntimeWarning, stacklevel=2)
+                        warn_at_caller(message, RuntimeWarning)
                         done = failed - self._num_steps
                         break
                     self.optim.observe(losses)
@@ -1032,10 +1033,9 @@ class SVI:
                     if pressed():  # Ctrl-C, held until the block had finished
                         raise KeyboardInterrupt
         except KeyboardInterrupt:
-            warnings.warn(
+            warn_at_caller(
                 f"SVI interrupted after {done} of {num_steps} steps; returning the result so far",
                 RuntimeWarning,
-                stacklevel=2,
             )
         finally:
             if shown is not None:

@@ -34,13 +34,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import warnings
 from collections.abc import Callable
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._caller import warn_at_caller
 from ..validation import torch_validation
 from . import call_program
 from .generated_call import _FALSE, compile_graph
@@ -224,11 +224,10 @@ class InPlaceBlock:
                     "int(labels.max()), to choose a shape or a branch; computing it once, "
                     "outside, and passing it as an argument keeps the in-place step)"
                 )
-            warnings.warn(
+            warn_at_caller(
                 f"the SVI step could not be captured as an in-place graph "
                 f"({type(error).__name__}: {first[:300]}); running it through "
                 f"torch.compile instead{hint}",
-                stacklevel=4,
             )
             self._fallback = self._make_fallback()
             return None, None

@@ -23,13 +23,13 @@ import contextlib
 import functools
 import signal
 import threading
-import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
 
+from ..._caller import warn_at_caller
 from ...validation import torch_validation
 from .. import call_program
 from ..compile import compile_fn, inductor_base_options, skip_guards
@@ -387,10 +387,9 @@ class InPlaceLoop:
 
     def _use_fallback(self, error: BaseException) -> None:
         first = str(error).splitlines()[0] if str(error) else ""
-        warnings.warn(
+        warn_at_caller(
             f"the in-place NUTS chunk could not be compiled ({type(error).__name__}: {first}); "
             "running it through torch.compile instead",
-            stacklevel=3,
         )
         self._fallback = ChunkedLoop(self.iteration, self.chunk_size, True, self.done, self.options)
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch.utils import _pytree as pytree
 
+from ..._caller import warn_at_caller
 from ..compile import inductor_base_options
 from .executor import TracedChunk, in_place_inputs, trace_in_place, with_strides
 
@@ -236,9 +237,7 @@ def _error_line(error: BaseException) -> str:
 def _warn_fallback(error: BaseException | str) -> None:
     if isinstance(error, BaseException):
         error = _error_line(error)
-    warnings.warn(
-        f"the lean executor could not be built ({error}); using the quick path", stacklevel=4
-    )
+    warn_at_caller(f"the lean executor could not be built ({error}); using the quick path")
 
 
 def build_lean_loop(

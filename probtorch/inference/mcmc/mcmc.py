@@ -8,10 +8,10 @@ ArviZ.
 from __future__ import annotations
 
 import hashlib
-import warnings
 
 import torch
 
+from ..._caller import warn_at_caller
 from ..compile import inference_threads
 from .diagnostics import summary_table, to_inference_data
 from .kernels import STAT_NAMES, SamplerState, empty_stats
@@ -198,11 +198,10 @@ class MCMC:
             and _model_changed(potential, given)
         )
         if self._model_changed and self._warm_left_by_run:
-            warnings.warn(
+            warn_at_caller(
                 "the model's potential energy at the chains' positions differs from the last "
                 "run's with the same arguments (the model reads something else that changed, "
                 "e.g. a global tensor or number): warming up anew",
-                stacklevel=3,
             )
             given = None
         continuing = given is not None
@@ -240,7 +239,7 @@ class MCMC:
                 draws = _cat_chains([p[2] for p in parts])
                 stats = {k: _cat_chains([p[3][k] for p in parts]) for k in parts[0][3]}
         if note:
-            warnings.warn(note, stacklevel=3)
+            warn_at_caller(note)
         if warm is not None and len(warm.z) != self.num_chains:  # chains dropped (sequential)
             warm = given  # the given one still holds (None when not continuing)
         if warm is not given:  # a new state: its continuations count from zero
@@ -251,7 +250,7 @@ class MCMC:
         self._collect(draws, stats)
         problems = None if warmup_only else problems_message(self.kernel, *self._problems)
         if problems:
-            warnings.warn(problems, stacklevel=3)
+            warn_at_caller(problems)
 
     def _kept_chains(self, parts: list) -> tuple[list, str | None]:
         """The sequential chains kept after an interrupt (in the last of ``parts``), and what

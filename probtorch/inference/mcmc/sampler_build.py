@@ -24,6 +24,7 @@ import warnings
 
 import torch
 
+from ..._caller import warn_at_caller
 from .lean import background_builds_allowed, spawn_build
 from .sampler_cache import is_kept
 
@@ -71,10 +72,9 @@ def start(settings: dict, options: dict, block, block_args, path: str) -> Sample
             _warned.add(marker)
             with open(marker) as f:
                 reason = f.read().strip() or "an earlier build failed"
-            warnings.warn(
+            warn_at_caller(
                 f"the split sampler graph could not be built ({reason}); executor='auto' "
                 f"keeps the quick path; delete {marker} to try again",
-                stacklevel=3,
             )
         return None
     running = _started.get(path)
@@ -92,11 +92,10 @@ def start(settings: dict, options: dict, block, block_args, path: str) -> Sample
     except OSError as error:  # a cache directory this process cannot write
         if path not in _warned:
             _warned.add(path)
-            warnings.warn(
+            warn_at_caller(
                 f"the split sampler graph cannot be built in the background ({error}); "
                 "executor='auto' keeps the quick path (PROBTORCH_CACHE_DIR sets the "
                 "directory)",
-                stacklevel=3,
             )
         return None
     _started[path] = SamplerBuild(path, process)
