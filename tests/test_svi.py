@@ -188,16 +188,46 @@ def test_new_floats_and_batch_sizes_do_not_recompile_the_step_each_time():
             factor = 0.1 + 0.09 * k
             loss = compiled.step(y, annealing_factor=factor)
             assert loss == pytest.approx(eager.step(y, annealing_factor=factor), rel=1e-12)
-        for n in range(3, 13):  # ten batch sizes: one more compile, for any size
+    assert stats.graph_breaks == 0 and stats.graphs == 1
+    # each batch size is a graph of its own, past Dynamo's recompile limit (here 1)
+    with torch._dynamo.config.patch(recompile_limit=1), count_compiles() as stats:
+        for n in (3, 5, 3, 7):
             loss = compiled.step(y[:n], annealing_factor=0.5)
             assert loss == pytest.approx(eager.step(y[:n], annealing_factor=0.5), rel=1e-12)
-    assert stats.graph_breaks == 0 and stats.graphs == 2
+    assert stats.graph_breaks == 0 and stats.graphs == 3
     with count_compiles() as stats:
         for factor in (0.2, 0.7):  # run(): one in-place graph for any factor
             ran = compiled.run(3, y, annealing_factor=factor, progress_bar=False)
             expected = eager.run(3, y, annealing_factor=factor, progress_bar=False)
             torch.testing.assert_close(ran.losses, expected.losses, rtol=1e-12, atol=1e-12)
     assert stats.graphs == 1
+
+
+def test_dropout_in_the_guide_with_a_last_smaller_batch():
+    # a graph with symbolic sizes (Dynamo's answer to a new batch size) failed on dropout
+    # under the step's gradient transform: "Cannot call numel() on tensor with symbolic
+    # sizes"; each batch size now has a static graph
+    torch.manual_seed(0)
+    encoder = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.2),
+                                  torch.nn.Linear(4, 1))
+
+    def model(x):
+        with pt.plate("n", x.shape[0]):
+            pt.sample("z", dist.Normal(0.0, 1.0))
+
+    def guide(x):
+        pt.module("encoder", encoder)
+        with pt.plate("n", x.shape[0]):
+            pt.sample("z", dist.Normal(encoder(x).squeeze(-1), 1.0))
+
+    x = torch.randn(17, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    initial = {k: v.clone() for k, v in encoder.state_dict().items()}
+    losses = {}
+    for compile in (True, False):
+        encoder.load_state_dict(initial)
+        svi = SVI(model, guide, pt.optim.Adam(lr=0.01), Trace_ELBO(), compile=compile, seed=4)
+        losses[compile] = [svi.step(batch) for batch in (x[:8], x[8:16], x[16:])]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-12)
 
 
 def test_a_model_that_needs_its_float_as_a_number_still_compiles():

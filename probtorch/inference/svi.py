@@ -300,6 +300,71 @@ def _compile_options() -> dict:
         return {"options": {**inductor_base_options(), **_INDUCTOR_OPTIONS}}
 
 
+class _ShapeKeyedBlock:
+    """The block compiled by ``torch.compile`` once per set of argument shapes, each graph
+    static (for :meth:`SVI.step`, and where the in-place block cannot be captured).
+
+    Dynamo's own answer to a new shape, a graph with symbolic sizes, fails for some
+    operations under the step's gradient transform (``dropout``: "Cannot call numel() on
+    tensor with symbolic sizes"), and one function compiled once per shape fails at
+    Dynamo's recompile limit (the ninth shape). A function of its own per shape (a fresh
+    code object, so its own cache and limit) has neither problem: a data loader's last,
+    smaller batch compiles one more graph, as ``jax.jit`` would. Past
+    :data:`_MANY_SHAPES` shapes it warns once (each compile takes seconds).
+    """
+
+    def __init__(self, block: Callable, options: dict, restore: Callable[[], None]):
+        self.block = block
+        self.options = options
+        self.restore = restore
+        self.compiled: dict = {}
+
+    def __call__(self, *args):
+        leaves, spec = torch.utils._pytree.tree_flatten(args)
+        key = (spec, tuple(_shape_key(x) for x in leaves))
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            compiled = torch.compile(
+                _fresh_function(self.block), fullgraph=True, dynamic=False, **self.options
+            )
+            self.compiled[key] = compiled
+            if len(self.compiled) == _MANY_SHAPES + 1:
+                warn_at_caller(
+                    f"SVI.step has been compiled for {len(self.compiled)} different argument "
+                    f"shapes, and each new shape compiles again (seconds each): pad the data "
+                    f"to a few batch sizes (or use drop_last=True in a DataLoader), or run "
+                    f"SVI(..., compile=False)"
+                )
+        try:
+            return compiled(*args)
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
+            # an error the user's code raises while traced reaches here as Dynamo's
+            # "Observed exception": the step run eagerly raises it as it is
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    self.block(*args)
+            except Exception as eager_error:  # noqa: BLE001 - the user's own error
+                raise eager_error from error
+            finally:
+                self.restore()
+            raise _uncompilable(error) from error
+
+
+_MANY_SHAPES = 8
+
+
+def _shape_key(x) -> tuple:
+    """A tensor by its shape, dtype and device; anything else by its value (a number the
+    step holds as a constant) where it has one."""
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype, x.device)
+    try:
+        hash(x)
+    except TypeError:
+        return (type(x),)
+    return (type(x), x)
+
+
 def _uncompilable(error: Exception) -> RuntimeError:
     """The error for a step that Dynamo cannot capture as one graph, with what to do."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
@@ -673,30 +738,7 @@ class SVI:
         options = _compile_options()
 
         def dynamo_block():
-            # dynamic=None (torch's default): compiled for the first call's shapes and
-            # values; a call with another batch size or another Python float (an annealing
-            # factor, say) compiles once more, for any size or value, instead of once per
-            # value until Dynamo's recompile limit fails the step.
-            compiled = torch.compile(
-                _fresh_function(svi_block), fullgraph=True, dynamic=None, **options
-            )
-
-            def block(*args):
-                try:
-                    return compiled(*args)
-                except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
-                    # an error the user's code raises while traced reaches here as Dynamo's
-                    # "Observed exception": the step run eagerly raises it as it is
-                    try:
-                        with torch.random.fork_rng(devices=[]):
-                            svi_block(*args)
-                    except Exception as eager_error:  # noqa: BLE001 - the user's own error
-                        raise eager_error from error
-                    finally:
-                        self._swap_modules(None)
-                    raise _uncompilable(error) from error
-
-            return block
+            return _ShapeKeyedBlock(svi_block, options, lambda: self._swap_modules(None))
 
         enabled = os.environ.get("PROBTORCH_SVI_IN_PLACE", "1").strip().lower() not in _FALSE
         if not (in_place and enabled) or "backend" not in options:
