@@ -447,6 +447,14 @@ def test_frozen_module_parameters_are_left_alone():
     with pytest.raises(TypeError, match="pt.module\\('net', ...\\) takes a torch.nn.Module "
                                         "instance, got the class Linear"):
         pt.module("net", torch.nn.Linear)
+    # frozen and unfrozen after set-up, as in Pyro: the fitted params change from the next
+    # step (the weight kept training before)
+    weight = net.weight.detach().clone()
+    net.weight.requires_grad_(False)
+    net.bias.requires_grad_(True)
+    assert sorted(svi.run(5, y, progress_bar=False).params) == ["net$$$bias"]
+    assert torch.equal(net.weight, weight)
+    assert not torch.equal(net.bias.detach(), frozen)
 
 
 def test_subsampled_run():

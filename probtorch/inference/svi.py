@@ -576,7 +576,10 @@ class SVI:
             (key, id(module._buffers.get(attr)), getattr(module._buffers.get(attr), "_version", 0))
             for key, (module, attr, _) in self._module_buffers.items()
         )
-        return params, buffers, tuple(m.training for m in self._called_modules)
+        modules = self._called_modules
+        parameters = (p for m in modules for p in m._parameters.values() if p is not None)
+        trainable = (p.requires_grad for p in parameters)
+        return params, buffers, tuple(m.training for m in modules), tuple(trainable)
 
     def _adopt_store_edits(self, args, kwargs) -> None:
         """Train from the store's values where they were changed since the last step
@@ -589,6 +592,15 @@ class SVI:
         if marks == self._store_marks:
             return
         old = self._store_marks
+        if marks[3] != old[3]:
+            # a module's parameters frozen or unfrozen (requires_grad_): the frozen ones
+            # leave the fitted params, as pt.module registers only trainable ones
+            store = self.param_store
+            for name in [n for n in store if "$$$" in n]:
+                if not store.unconstrained(name).requires_grad:
+                    del store[name]
+            self.init(*args, **kwargs)
+            return
         if marks[0] != old[0]:
             store, layout = self.param_store, self._layout
             same = tuple(store.keys()) == layout.names and all(
