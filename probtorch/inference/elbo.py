@@ -39,6 +39,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pyro.distributions as pyro_dist
 import torch
 from torch.distributions import constraints, kl_divergence
 
@@ -73,6 +74,19 @@ class _Record(Messenger):
     def postprocess_message(self, msg: Message) -> None:
         if msg.type in ("sample", "plate") and msg.name not in self.trace:
             self.trace[msg.name] = msg
+
+
+def _is_delta(fn) -> bool:
+    """Whether ``fn`` is a point mass (through ``Independent`` and ``Expanded`` wrappers).
+
+    An autoguide's joint draw reaches each site as a ``Delta`` whose ``log_density`` holds
+    the site's share of ``log q``; the registered ``KL(Delta || p) = -log p(v)`` leaves it
+    out (in Pyro too: the mean-field loss came out lower than Trace_ELBO's by ``log q``'s
+    Jacobian terms), so such sites take the Monte Carlo term, which is exact for them.
+    """
+    while isinstance(fn, (torch.distributions.Independent, pyro_dist.ExpandedDistribution)):
+        fn = fn.base_dist
+    return isinstance(fn, pyro_dist.Delta)
 
 
 def _is_latent(site: Message) -> bool:
@@ -482,7 +496,7 @@ class TraceMeanField_ELBO(ELBO):
     def _extend_plan(self, plan, model_trace, guide_trace):
         analytic = set()
         for name in plan.guide_latents:
-            if name not in model_trace:
+            if name not in model_trace or _is_delta(guide_trace[name].fn):
                 continue
             try:
                 kl_divergence(guide_trace[name].fn, model_trace[name].fn)
