@@ -387,3 +387,24 @@ def test_unvectorizable_model_gets_a_hint():
     with pytest.raises(ValueError, match="particles at once failed.*vectorize_particles=False"):
         Trace_ELBO(num_particles=4).loss(model, guide)
     assert math.isfinite(Trace_ELBO(num_particles=4, vectorize_particles=False).loss(model, guide))
+
+
+def test_a_site_broadcast_against_the_particle_dim_is_named():
+    # (x * w.unsqueeze(-2)).sum(-1) + b gave the observed site the shape (P, P, 100): the
+    # loss counted each observation once per pair of particles and grew with P, silently
+    x = torch.randn(100, 3, generator=torch.Generator().manual_seed(0))
+
+    def model():
+        w = pt.sample("w", dist.Normal(0.0, 2.0).expand([3]).to_event(1))
+        b = pt.sample("b", dist.Normal(0.0, 2.0))
+        with pt.plate("n", 100):
+            pt.sample("obs", dist.Normal((x * w.unsqueeze(-2)).sum(-1) + b, 1.0), obs=x.sum(-1))
+
+    def guide():
+        pt.sample("w", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+        pt.sample("b", dist.Normal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match=r"site 'obs' of the model has a log density of shape "
+                                         r"\(4, 4, 100\) with 4 particles.*allow 2 batch dims"):
+        Trace_ELBO(num_particles=4).loss(model, guide)
+    assert math.isfinite(Trace_ELBO(num_particles=4, vectorize_particles=False).loss(model, guide))

@@ -341,10 +341,34 @@ class ELBO:
                         f"model's plates, so tensors must broadcast from the right (e.g. "
                         f"(x * w).sum(-1), not x @ w). Or use vectorize_particles=False."
                     ) from error
+                self._check_particle_shapes(model, guide, args, kwargs, plan)
             else:
                 _, _, state = self.compute(model, guide, args, kwargs, plan, None)
             plan.initial_state = {k: v.detach() for k, v in state.items()}
         return plan
+
+    def _check_particle_shapes(self, model, guide, args, kwargs, plan: ELBOPlan) -> None:
+        """Raise where a site's log density has more batch dims than the plates and the
+        particle dim: the model broadcast a latent drawn per particle against another
+        dim, and the loss would count each observation once per pair of particles."""
+        model_trace, guide_trace = self._traces(model, guide, args, kwargs, plan)
+        allowed = plan.max_plate_nesting + 1
+        for where, tr in (("model", model_trace), ("guide", guide_trace)):
+            for name, site in tr.items():
+                if site.type != "sample":
+                    continue
+                shape = tuple(site_log_prob(site).shape)
+                if len(shape) > allowed:
+                    raise ValueError(
+                        f"site {name!r} of the {where} has a log density of shape {shape} "
+                        f"with {self.num_particles} particles drawn at once along dim "
+                        f"{self._particle_dim(plan)}, but its plates allow {allowed} batch "
+                        f"dims (particles included): a value drawn per particle was "
+                        f"broadcast against another dim (e.g. w.unsqueeze(-2) where the "
+                        f"particle dim is -2). Write the model so that latent values can "
+                        f"carry extra batch dims on the left, or use "
+                        f"vectorize_particles=False."
+                    )
 
     def _check(self, model_trace: Trace, guide_trace: Trace) -> ELBOPlan:
         model_latents = [n for n, s in model_trace.items() if _is_latent(s)]
