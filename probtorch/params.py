@@ -55,7 +55,11 @@ class ParamStore:
             self._unconstrained[name] = init_value
         if name not in self._unconstrained:
             if init_value is None:
-                raise KeyError(f"param {name!r} is not in the param store and has no init_value")
+                raise KeyError(
+                    f"param {name!r} is not in the param store and has no init_value (params "
+                    f"fitted by SVI live in its own store: svi.param_store, or "
+                    f"svi.get_params())"
+                )
             if callable(init_value) and not isinstance(init_value, torch.Tensor):
                 init_value = init_value()
             self._set(name, init_value, constraint)
