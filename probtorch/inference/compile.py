@@ -13,7 +13,6 @@ import platform
 import sys
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -280,12 +279,30 @@ def note_direct_compile() -> None:
     _direct_compiles[0] += 1
 
 
-@dataclass
 class CompileStats:
-    """What Dynamo did inside a :func:`count_compiles` block."""
+    """What Dynamo did inside a :func:`count_compiles` block: the counts so far while the
+    block runs, its totals after. ``graphs`` counts graphs compiled (first compiles and
+    recompiles), Dynamo's and direct ones."""
 
-    graph_breaks: int = 0
-    graphs: int = 0  # graphs compiled (first compiles and recompiles), Dynamo's and direct ones
+    def __init__(self, snapshot: Callable[[], tuple[int, int]]):
+        self._snapshot = snapshot
+        self._before = snapshot()
+        self._after: tuple[int, int] | None = None
+
+    def _counts(self) -> tuple[int, int]:
+        after = self._snapshot() if self._after is None else self._after
+        return after[0] - self._before[0], after[1] - self._before[1]
+
+    @property
+    def graph_breaks(self) -> int:
+        return self._counts()[0]
+
+    @property
+    def graphs(self) -> int:
+        return self._counts()[1]
+
+    def __repr__(self) -> str:
+        return f"CompileStats(graph_breaks={self.graph_breaks}, graphs={self.graphs})"
 
 
 @contextlib.contextmanager
@@ -297,8 +314,9 @@ def count_compiles():
         >>> f = compile_fn(lambda x: x.sin() + 1)
         >>> with count_compiles() as stats:
         ...     _ = f(torch.zeros(3)); _ = f(torch.ones(3))
-        >>> stats.graph_breaks, stats.graphs
-        (0, 1)
+        ...     so_far = stats.graphs  # counted as the block runs
+        >>> stats.graph_breaks, stats.graphs, so_far
+        (0, 1, 1)
     """
     from torch._dynamo.utils import counters
 
@@ -308,11 +326,8 @@ def count_compiles():
             counters["stats"]["unique_graphs"] + _direct_compiles[0],
         )
 
-    stats = CompileStats()
-    before = snapshot()
+    stats = CompileStats(snapshot)
     try:
         yield stats
     finally:
-        after = snapshot()
-        stats.graph_breaks = after[0] - before[0]
-        stats.graphs = after[1] - before[1]
+        stats._after = snapshot()
