@@ -61,7 +61,7 @@ def regression_model(x, y):
     w = pt.sample("w", dist.Normal(torch.zeros(3), 1.0).to_event(1))
     sigma = pt.sample("sigma", dist.HalfNormal(1.0))
     with pt.plate("n", len(y)):
-        pt.sample("y", dist.Normal((x * w.unsqueeze(-2)).sum(-1), sigma), obs=y)
+        pt.sample("y", dist.Normal((x * w).sum(-1), sigma), obs=y)
 
 
 def regression_guide(x, y):
