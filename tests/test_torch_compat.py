@@ -84,8 +84,9 @@ def test_diagonal_and_linear_algebra_compile_without_torch_messages(tmp_path):
         "    L = torch.linalg.cholesky(a @ a.mT + torch.eye(3))\n"
         "    x = torch.linalg.solve_triangular(L, b, upper=False)\n"
         "    return torch.diagonal(L, dim1=-2, dim2=-1).log().sum() + x.sum()\n"
+        "torch.manual_seed(0)\n"
         "a, b = torch.rand(3, 3), torch.rand(3, 2)\n"
-        "print(round(float(torch.compile(f)(a, b) - f(a, b)), 9))\n"
+        "print(abs(float(torch.compile(f)(a, b) - f(a, b))) < 1e-9)\n"
         "class M(torch.nn.Module):\n"
         "    def forward(self, a, b):\n"
         "        return f(a, b)\n"
@@ -94,7 +95,7 @@ def test_diagonal_and_linear_algebra_compile_without_torch_messages(tmp_path):
         "from probtorch.inference.mcmc.lean import _compile_exported\n"
         "_compile_exported(exported, path)  # the lean executor's AOTInductor build\n"
         "g = torch._inductor.aoti_load_package(path)\n"
-        "print(round(float(g(a, b) - f(a, b)), 9))\n"
+        "print(abs(float(g(a, b) - f(a, b))) < 1e-9)\n"
         "import probtorch.distributions as dist\n"
         "from probtorch.inference import SVI, Trace_ELBO\n"
         "from probtorch.inference.autoguide import AutoLowRankMultivariateNormal\n"
@@ -121,7 +122,7 @@ def test_diagonal_and_linear_algebra_compile_without_torch_messages(tmp_path):
         env=env,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["0.0", "0.0"]
+    assert done.stdout.split() == ["True", "True"]
     assert "c-shim" not in done.stderr, done.stderr[-2000:]
     assert "artifact generation failed" not in done.stderr, done.stderr[-2000:]
     assert "Warning" not in done.stderr, done.stderr[-2000:]
