@@ -50,9 +50,7 @@ class ParamStore:
         ):
             # a module's parameter whose value was loaded (load, set_state) before the
             # module was registered: the module takes the value, the store the parameter
-            with torch.no_grad():
-                init_value.copy_(current)
-            self._unconstrained[name] = init_value
+            self._unconstrained[name] = _written_in_place(init_value, current)
         if name not in self._unconstrained:
             if init_value is None:
                 raise KeyError(
@@ -96,8 +94,7 @@ class ParamStore:
                     f"param {name!r} is a module parameter of shape {tuple(current.shape)}; "
                     f"got a value of shape {tuple(value.shape)}"
                 )
-            with torch.no_grad():
-                current.copy_(value)
+            _written_in_place(current, value)
             return
         self._set(name, value, self._constraints.get(name, constraints.real))
 
@@ -162,9 +159,7 @@ class ParamStore:
                 and constraint is constraints.real
                 and current.shape == value.shape
             ):
-                with torch.no_grad():
-                    current.copy_(value)
-                self._unconstrained[name] = current
+                self._unconstrained[name] = _written_in_place(current, value)
             else:
                 self._unconstrained[name] = value.detach().clone().requires_grad_(True)
             self._constraints[name] = constraint
@@ -191,6 +186,13 @@ class ParamStore:
         pickled constraint objects: load only files you trust."""
         state = torch.load(path, map_location=map_location, weights_only=False)
         self.set_state(state)
+
+
+def _written_in_place(parameter: torch.nn.Parameter, value: torch.Tensor) -> torch.nn.Parameter:
+    """``parameter`` (a module's) with ``value`` copied into it, so the module sees it."""
+    with torch.no_grad():
+        parameter.copy_(value)
+    return parameter
 
 
 def same_constraint(a: constraints.Constraint, b: constraints.Constraint) -> bool:
@@ -220,7 +222,7 @@ def same_constraint(a: constraints.Constraint, b: constraints.Constraint) -> boo
                 isinstance(x, torch.Tensor)
                 and isinstance(y, torch.Tensor)
                 and x.shape == y.shape
-                and bool(torch.equal(x, y.to(x.dtype)))
+                and bool(torch.equal(x, y.to(x.device, x.dtype)))
             )
         else:
             try:

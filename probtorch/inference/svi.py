@@ -82,6 +82,18 @@ class NonFiniteLossError(RuntimeError):
     """The loss or its gradient became NaN or infinite during SVI."""
 
 
+def _generator_states() -> tuple:
+    """The CPU generator's state and, where CUDA is in use, every CUDA generator's."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None
+
+
+def _restore_generators(states: tuple) -> None:
+    torch.random.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state_all(states[1])
+
+
 class SVIRunResult(NamedTuple):
     """What :meth:`SVI.run` returns: constrained parameter values and the loss of each step."""
 
@@ -491,24 +503,16 @@ class SVI:
     @contextlib.contextmanager
     def _rng(self):
         """Use this SVI's random stream; the caller's generator state is restored after."""
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        saved = (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
+        saved = _generator_states()
         if self._rng_state is None:
             torch.manual_seed(self.seed)
         else:
-            torch.random.set_rng_state(self._rng_state[0])
-            if cuda and self._rng_state[1] is not None:
-                torch.cuda.set_rng_state_all(self._rng_state[1])
+            _restore_generators(self._rng_state)
         try:
             yield
         finally:
-            self._rng_state = (
-                torch.random.get_rng_state(),
-                torch.cuda.get_rng_state_all() if cuda else None,
-            )
-            torch.random.set_rng_state(saved[0])
-            if saved[1] is not None:
-                torch.cuda.set_rng_state_all(saved[1])
+            self._rng_state = _generator_states()
+            _restore_generators(saved)
 
     # -- set-up --------------------------------------------------------------------------
     def init(self, *args, **kwargs) -> dict[str, torch.Tensor]:
@@ -895,8 +899,7 @@ class SVI:
         be compiled (the model branches on a float, or hands it to ``math.sqrt`` or to an
         argument that must be a number), the floats stay numbers, as in eager code, and
         each new value compiles the step again."""
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        rng = (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
+        rng = _generator_states()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -908,9 +911,7 @@ class SVI:
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return out
-        torch.random.set_rng_state(rng[0])
-        if rng[1] is not None:
-            torch.cuda.set_rng_state_all(rng[1])
+        _restore_generators(rng)
         self._float_inputs = False
         self._lifted_cache = None
         self._blocks = {}
