@@ -14,7 +14,7 @@ import arviz as az
 import numpy as np
 import pytest
 import torch
-from scipy import stats
+from scipy import special, stats
 
 import probtorch as pt
 import probtorch.distributions as dist
@@ -143,6 +143,44 @@ def test_gamma_poisson():
     post = stats.gamma(3.0 + float(y.sum()), scale=1.0 / (0.5 + y.shape[0]))
     exact = Exact({"rate": post.mean()}, {"rate": post.std()})
     _check_posterior(_run(NUTS(gamma_poisson), y), exact)
+
+
+# -- (c') von Mises location, known concentration ---------------------------------------------
+VM_PRIOR_LOC, VM_PRIOR_CONC, VM_CONC = -2.5, 0.5, 0.8
+
+
+def von_mises_location(x):
+    mu = pt.sample("mu", dist.VonMises(VM_PRIOR_LOC, VM_PRIOR_CONC))
+    pt.deterministic("cos_mu", torch.cos(mu))
+    pt.deterministic("sin_mu", torch.sin(mu))
+    with pt.plate("n", x.shape[0]):
+        pt.sample("x", dist.VonMises(mu, VM_CONC), obs=x)
+
+
+def test_von_mises_location_across_the_branch_cut():
+    """The posterior is VonMises(atan2(S, C), sqrt(C^2 + S^2)) with C, S the prior's and the
+    data's weighted cosines and sines; it is centred near pi, so it straddles the cut at
+    +-pi. Checked through cos and sin of the draws (whose exact moments are Bessel ratios),
+    and the draws are angles in [-pi, pi]."""
+    x = torch.tensor([2.9, -3.0, 2.6, 3.1, -2.7, 2.2])
+    c = VM_PRIOR_CONC * math.cos(VM_PRIOR_LOC) + VM_CONC * float(torch.cos(x).sum())
+    s = VM_PRIOR_CONC * math.sin(VM_PRIOR_LOC) + VM_CONC * float(torch.sin(x).sum())
+    loc, conc = math.atan2(s, c), math.hypot(c, s)
+    a1 = special.ive(1, conc) / special.ive(0, conc)
+    a2 = special.ive(2, conc) / special.ive(0, conc)
+    mean = {"cos_mu": a1 * math.cos(loc), "sin_mu": a1 * math.sin(loc)}
+    second = {
+        "cos_mu": (1 + a2 * math.cos(2 * loc)) / 2,
+        "sin_mu": (1 - a2 * math.cos(2 * loc)) / 2,
+    }
+    exact = Exact(mean, {k: math.sqrt(second[k] - mean[k] ** 2) for k in mean})
+    mcmc = _run(NUTS(von_mises_location), x)
+    _check_posterior(mcmc, exact)
+    mu = mcmc.get_samples()["mu"]
+    assert float(mu.abs().max()) <= math.pi
+    # both sides of the cut are visited (exact: 46% of the mass above 2.5, 34% below -2.5)
+    assert float((mu > 2.5).double().mean()) > 0.3
+    assert float((mu < -2.5).double().mean()) > 0.2
 
 
 # -- (d) Dirichlet-categorical ---------------------------------------------------------------

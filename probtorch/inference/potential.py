@@ -1,7 +1,8 @@
 """From a model and its arguments to a potential energy over one flat unconstrained vector.
 
 The model is traced once, eagerly, with validation on: that trace fixes the latent sites,
-their shapes and their bijections to unconstrained space (``biject_to(support)``). From it
+their shapes and their bijections to unconstrained space (``biject_to(support)``; a von
+Mises angle is a point of the plane, see :mod:`probtorch.inference.angles`). From it
 comes a pure function of ``z`` with shape ``(chains, dim)``::
 
     potential_energy(z) = -(log p(x, theta(z)) + log |det d theta / d z|)
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..distributions.constraint_registry import biject_to
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
 from ..validation import InvalidParameterError, ObservationOutsideSupportError, torch_validation
+from .angles import unconstraining_transform
 from .compile import compile_enabled, compile_fn
 from .data_layout import DataLayout
 from .init_strategies import init_to_uniform
@@ -85,7 +86,7 @@ class _Unconstrain(Messenger):
                 f"depend on the values of other sites"
             )
         unconstrained = self.values[msg.name]
-        transform = biject_to(msg.fn.support)
+        transform = unconstraining_transform(msg.fn)
         value = transform(unconstrained)
         log_det = transform.log_abs_det_jacobian(unconstrained, value).sum()
         self.log_det = log_det if self.log_det is None else self.log_det + log_det
@@ -335,7 +336,7 @@ class Potential:
                     f"{type(site.fn).__name__} (support {support}); HMC/NUTS need continuous "
                     f"latent sites: marginalize it out, or observe it"
                 )
-            transform = biject_to(support)
+            transform = unconstraining_transform(site.fn)
             shape = site.value.shape
             unconstrained_shape = torch.Size(transform.inverse_shape(shape))
             sites.append(LatentSite(name, shape, unconstrained_shape, offset))
@@ -365,7 +366,7 @@ class Potential:
                 raise KeyError(f"pack: no value for latent site {s.name!r}")
             value = torch.as_tensor(values[s.name], dtype=self.dtype, device=self.device)
             if constrained:
-                value = biject_to(self.prototype_trace[s.name].fn.support).inv(value)
+                value = unconstraining_transform(self.prototype_trace[s.name].fn).inv(value)
             batch = value.shape[: value.dim() - len(s.unconstrained_shape)]
             parts.append(value.reshape(batch + (s.size,)))
         return torch.cat(parts, dim=-1)
@@ -691,7 +692,7 @@ def _pack_trace(potential: Potential, tr: Trace) -> torch.Tensor:
                 f"shape {tuple(s.shape)} when the model was first traced; latent shapes must "
                 f"not depend on the values of other sites"
             )
-        unconstrained = biject_to(site.fn.support).inv(site.value)
+        unconstrained = unconstraining_transform(site.fn).inv(site.value)
         parts.append(unconstrained.reshape(s.size).to(potential.dtype))
     return torch.cat(parts).detach()
 

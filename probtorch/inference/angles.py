@@ -1,0 +1,95 @@
+"""Angles for HMC and NUTS: a von Mises site sampled as a point of the plane.
+
+A von Mises density is periodic. Sampled on the real line (torch's and Pyro's support is
+``real``), a chain drifts across periods: the mass matrix learns the drift as variance,
+trajectories find no U-turn, and the draws are unbounded (a ``VonMises(2.8, 2)`` site ran
+to 557 with most transitions at ``max_tree_depth``). Mapped onto an interval (NumPyro's
+``circular`` support goes through a sigmoid), a posterior near ``±pi`` is cut in two.
+
+As Stan's ``unit_vector``, each angle here is the direction of an unconstrained point
+``y`` of the plane, ``theta = atan2(y1, y0)``, with ``-|y|^2 / 2`` added to the log
+density in place of a Jacobian. The added term is an isotropic Gaussian, whose direction
+is uniform and independent of its radius, so ``theta`` has exactly the site's density;
+the sampler moves on a proper, smooth density and the draws are angles in ``(-pi, pi]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributions import Distribution, Independent, constraints
+from torch.distributions.transforms import Transform
+
+from ..distributions.constraint_registry import biject_to
+
+__all__ = ["AngleFromPlane", "unconstraining_transform"]
+
+
+class AngleFromPlane(Transform):
+    """``y`` of shape ``(..., 2)`` to the angle ``atan2(y[..., 1], y[..., 0])``.
+
+    Not a bijection: ``log_abs_det_jacobian`` is the Gaussian term ``-|y|^2 / 2`` that
+    makes the angle's density the target's (see the module docstring); ``inv`` gives the
+    point on the unit circle.
+
+    Example::
+
+        >>> t = AngleFromPlane()
+        >>> y = torch.tensor([[0.0, 2.0], [-1.0, 0.0]])
+        >>> t(y)
+        tensor([1.5708, 3.1416])
+        >>> t.log_abs_det_jacobian(y, t(y))
+        tensor([-2.0000, -0.5000])
+        >>> t.inv(torch.tensor(0.0))
+        tensor([1., 0.])
+    """
+
+    domain = constraints.independent(constraints.real, 1)
+    codomain = constraints.real
+    bijective = False
+
+    def __eq__(self, other):
+        return isinstance(other, AngleFromPlane)
+
+    def _call(self, y):
+        return torch.atan2(y[..., 1], y[..., 0])
+
+    def _inverse(self, theta):
+        return torch.stack([torch.cos(theta), torch.sin(theta)], dim=-1)
+
+    def log_abs_det_jacobian(self, y, theta):
+        return -0.5 * (y * y).sum(-1)
+
+    def forward_shape(self, shape):
+        if len(shape) < 1 or shape[-1] != 2:
+            raise ValueError(f"AngleFromPlane takes points of shape (..., 2), not {tuple(shape)}")
+        return shape[:-1]
+
+    def inverse_shape(self, shape):
+        return torch.Size(shape) + (2,)
+
+
+def _is_von_mises(fn: Distribution) -> bool:
+    """A von Mises distribution, possibly reshaped (Independent, expanded, masked)."""
+    while isinstance(fn, Independent) or type(fn).__name__ in (
+        "ExpandedDistribution",
+        "MaskedDistribution",
+    ):
+        fn = fn.base_dist
+    return isinstance(fn, torch.distributions.VonMises)
+
+
+def unconstraining_transform(fn: Distribution) -> Transform:
+    """The map from a latent site's unconstrained values to its values, for HMC and NUTS:
+    :class:`AngleFromPlane` for a von Mises site, ``biject_to(fn.support)`` otherwise.
+
+    Example::
+
+        >>> import probtorch.distributions as dist
+        >>> unconstraining_transform(dist.VonMises(0.0, 1.0).expand([3]).to_event(1))
+        AngleFromPlane()
+        >>> unconstraining_transform(dist.HalfNormal(1.0))(torch.tensor(0.0))
+        tensor(1.)
+    """
+    if _is_von_mises(fn):
+        return AngleFromPlane()
+    return biject_to(fn.support)
