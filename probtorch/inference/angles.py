@@ -1,4 +1,5 @@
-"""Angles for HMC and NUTS: a von Mises site sampled as a point of the plane.
+"""Angles for HMC and NUTS: each angle of a von Mises site (or of Pyro's torus
+distributions) sampled as the direction of a point of the plane.
 
 A von Mises density is periodic. Sampled on the real line (torch's and Pyro's support is
 ``real``), a chain drifts across periods: the mass matrix learns the drift as variance,
@@ -16,12 +17,13 @@ the sampler moves on a proper, smooth density and the draws are angles in ``(-pi
 from __future__ import annotations
 
 import torch
-from torch.distributions import Distribution, Independent, constraints
+from pyro.distributions import SineBivariateVonMises, SineSkewed, constraints
+from torch.distributions import Distribution, Independent
 from torch.distributions.transforms import Transform
 
 from ..distributions.constraint_registry import biject_to
 
-__all__ = ["AngleFromPlane", "unconstraining_transform"]
+__all__ = ["AngleFromPlane", "UnitVectorFromSpace", "unconstraining_transform"]
 
 
 class AngleFromPlane(Transform):
@@ -68,19 +70,60 @@ class AngleFromPlane(Transform):
         return torch.Size(shape) + (2,)
 
 
-def _is_von_mises(fn: Distribution) -> bool:
-    """A von Mises distribution, possibly reshaped (Independent, expanded, masked)."""
+class UnitVectorFromSpace(Transform):
+    """``y`` of shape ``(..., d)`` to the unit vector ``y / |y|`` (Stan's ``unit_vector``),
+    for sites on the sphere (Pyro's ``ProjectedNormal``).
+
+    As :class:`AngleFromPlane`: ``log_abs_det_jacobian`` is ``-|y|^2 / 2``, so the direction
+    has the site's density with respect to the sphere's surface measure; ``inv`` is the
+    identity on the sphere.
+
+    Example::
+
+        >>> t = UnitVectorFromSpace()
+        >>> t(torch.tensor([0.0, 3.0, 4.0]))
+        tensor([0.0000, 0.6000, 0.8000])
+    """
+
+    domain = constraints.independent(constraints.real, 1)
+    codomain = constraints.sphere
+    bijective = False
+
+    def __eq__(self, other):
+        return isinstance(other, UnitVectorFromSpace)
+
+    def _call(self, y):
+        return y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
+
+    def _inverse(self, u):
+        return u
+
+    def log_abs_det_jacobian(self, y, u):
+        return -0.5 * (y * y).sum(-1)
+
+
+def _on_sphere(support: constraints.Constraint) -> bool:
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return isinstance(support, type(constraints.sphere))
+
+
+def _is_angular(fn: Distribution) -> bool:
+    """A distribution of angles (von Mises; Pyro's sine bivariate von Mises and sine-skewed
+    torus distributions), possibly reshaped (Independent, expanded, masked)."""
     while isinstance(fn, Independent) or type(fn).__name__ in (
         "ExpandedDistribution",
         "MaskedDistribution",
     ):
         fn = fn.base_dist
-    return isinstance(fn, torch.distributions.VonMises)
+    return isinstance(fn, (torch.distributions.VonMises, SineBivariateVonMises, SineSkewed))
 
 
 def unconstraining_transform(fn: Distribution) -> Transform:
     """The map from a latent site's unconstrained values to its values, for HMC and NUTS:
-    :class:`AngleFromPlane` for a von Mises site, ``biject_to(fn.support)`` otherwise.
+    :class:`AngleFromPlane` for a site of angles (von Mises, ``SineBivariateVonMises``,
+    ``SineSkewed``), :class:`UnitVectorFromSpace` for a site on the sphere
+    (``ProjectedNormal``), ``biject_to(fn.support)`` otherwise.
 
     Example::
 
@@ -90,6 +133,8 @@ def unconstraining_transform(fn: Distribution) -> Transform:
         >>> unconstraining_transform(dist.HalfNormal(1.0))(torch.tensor(0.0))
         tensor(1.)
     """
-    if _is_von_mises(fn):
+    if _is_angular(fn):
         return AngleFromPlane()
+    if _on_sphere(fn.support):
+        return UnitVectorFromSpace()
     return biject_to(fn.support)

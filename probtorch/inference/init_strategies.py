@@ -12,8 +12,8 @@ import functools
 
 import torch
 
-from ..distributions.constraint_registry import biject_to
 from ..runtime import Message
+from .angles import unconstraining_transform
 
 __all__ = ["init_to_uniform", "init_to_median", "init_to_sample", "init_to_value"]
 
@@ -49,7 +49,7 @@ def init_to_uniform(site: Message | None = None, radius: float = 2.0):
         return functools.partial(init_to_uniform, radius=radius)
     if not _is_latent(site):
         return None
-    transform = biject_to(site.fn.support)
+    transform = unconstraining_transform(site.fn)
     shape = transform.inverse_shape(_site_shape(site))
     dtype = _dtype_of(site)
     u = (torch.rand(shape, dtype=dtype) * 2 - 1) * radius
@@ -72,7 +72,7 @@ def init_to_median(site: Message | None = None, num_samples: int = 15):
         return functools.partial(init_to_median, num_samples=num_samples)
     if not _is_latent(site):
         return None
-    transform = biject_to(site.fn.support)
+    transform = unconstraining_transform(site.fn)
     try:
         draws = site.fn.sample((num_samples,) + tuple(site.kwargs.get("sample_shape", ())))
     except NotImplementedError:  # improper priors cannot be sampled

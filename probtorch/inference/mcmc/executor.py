@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -44,7 +46,47 @@ __all__ = ["ChunkedLoop", "InPlaceLoop", "SplitLoop", "TracedChunk", "trace_in_p
 # Calls per C++ loop of a program (call_program.py): a Ctrl-C is seen within that many.
 _PROGRAM_CALLS = 256
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 _UNCHECKED = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
+
+
+def uncompilable_reason(error: BaseException) -> str:
+    r"""Dynamo's reason for refusing a function, and where: the innermost frame of the
+    user code it reports, and the innermost one of the user's own (outside torch, Pyro and
+    probtorch) when that is another.
+
+    Example::
+
+        >>> text = (
+        ...     "Data-dependent branching\n  Explanation: ...\nfrom user code:\n"
+        ...     '   File "/home/u/fit.py", line 5, in model\n'
+        ...     '  File "/v/site-packages/pyro/distributions/d.py", line 12, in __init__\n'
+        ... )
+        >>> print(uncompilable_reason(RuntimeError(text)).replace(", ", ",\n"))
+        Data-dependent branching,
+        at .../pyro/distributions/d.py:12 (__init__),
+        reached from /home/u/fit.py:5 (model)
+    """
+    text = str(error)
+    lines = text.splitlines()
+    reason = lines[0].strip() if lines else type(error).__name__
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text.split("from user code:")[-1])
+    if not frames:
+        return reason
+
+    def shown(frame):
+        path, line, name = frame
+        if "site-packages" in path:
+            path = ".../" + path.split("site-packages/")[-1]
+        return f"{path}:{line} ({name})"
+
+    inner = frames[-1]
+    own = [f for f in frames if "site-packages" not in f[0] and _PACKAGE_DIR not in f[0]]
+    where = f"{reason}, at {shown(inner)}"
+    if own and own[-1] != inner:
+        where += f", reached from {shown(own[-1])}"
+    return where
 
 
 class ChunkedLoop:
@@ -79,9 +121,29 @@ class ChunkedLoop:
                 state = iteration(state, *args)
             return state
 
+        self._chunk_fn = chunk
         self._chunk = compile_fn(chunk, compiled, options={**_UNCHECKED, **(options or {})})
         self.calls = 0
         self.interrupted = False
+
+    def _first_call(self, state, args):
+        """A call that may compile: where torch.compile cannot capture the model (a
+        distribution whose code branches on tensor values, as Pyro's
+        ``SineBivariateVonMises``), the chunk runs eagerly from then on, with a warning
+        that says why and where (nothing ran yet: Dynamo refuses before running)."""
+        try:
+            return self._chunk(state, *args)
+        except torch._dynamo.exc.Unsupported as error:
+            if not self.compiled:
+                raise
+            warn_at_caller(
+                f"running the sampler eagerly, much slower: torch.compile cannot capture "
+                f"the model ({uncompilable_reason(error)}). Pass compile=False to the kernel "
+                f"to skip the attempt"
+            )
+            self.compiled = False
+            self._chunk = self._chunk_fn
+            return self._chunk(state, *args)
 
     def __call__(self, state, *args):
         """The final state; on KeyboardInterrupt, the state after the last whole chunk."""
@@ -95,7 +157,7 @@ class ChunkedLoop:
                 for _ in range(2):
                     if bool(self.done(state).all()):
                         return state
-                    state = self._chunk(state, *args)
+                    state = self._first_call(state, args)
                     self.calls += 1
                 unguarded = self.compiled
                 while not bool(self.done(state).all()):
@@ -324,6 +386,7 @@ class InPlaceLoop:
         self.options = dict(options or {})
         self._compiled: dict[tuple, tuple] = {}  # signature -> (function, state spec)
         self._fallback: ChunkedLoop | None = None
+        self._fallback_note: str | None = None
         self.calls = 0
         self.interrupted = False
 
@@ -387,9 +450,10 @@ class InPlaceLoop:
 
     def _use_fallback(self, error: BaseException) -> None:
         first = str(error).splitlines()[0] if str(error) else ""
-        warn_at_caller(
+        # said once the fallback has compiled (where it cannot, its own warning says why)
+        self._fallback_note = (
             f"the in-place NUTS chunk could not be compiled ({type(error).__name__}: {first}); "
-            "running it through torch.compile instead",
+            "running it through torch.compile instead"
         )
         self._fallback = ChunkedLoop(self.iteration, self.chunk_size, True, self.done, self.options)
 
@@ -406,6 +470,9 @@ class InPlaceLoop:
         if self._fallback is not None:
             state = self._fallback(state, *args)
             self.calls, self.interrupted = self._fallback.calls, self._fallback.interrupted
+            if self._fallback_note and self._fallback.compiled:
+                warn_at_caller(self._fallback_note)
+            self._fallback_note = None
         return state
 
     def _run(self, key, leaves, arg_leaves):
