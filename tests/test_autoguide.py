@@ -194,6 +194,17 @@ def test_discrete_latent_is_named():
             guide_class(model)()
 
 
+def test_a_latent_without_a_bijection_is_named():
+    def model():
+        pt.sample("x", dist.Normal(0.0, 1.0))
+        pt.sample("u", dist.ProjectedNormal(torch.ones(3)))
+
+    for guide_class in (AutoNormal, AutoMultivariateNormal):
+        with pytest.raises(ValueError, match="latent site 'u' has the distribution ProjectedNormal "
+                           "with support Sphere"):  # fmt: skip
+            guide_class(model)()
+
+
 def test_no_latent_sites():
     def model():
         pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))

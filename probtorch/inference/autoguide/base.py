@@ -248,7 +248,15 @@ class AutoGuide:
                 f"handle continuous latent sites only: marginalize it out, observe it, or "
                 f"write a guide for it"
             )
-        transform = biject_to(support)
+        try:
+            transform = biject_to(support)
+        except NotImplementedError:
+            raise ValueError(
+                f"{type(self).__name__}: latent site {site.name!r} has the distribution "
+                f"{type(site.fn).__name__} with support {support}, which has no bijection "
+                f"to unconstrained space for an autoguide to work in: write a guide for it "
+                f"(NUTS samples such sites directly)"
+            ) from None
         value = site.value.detach()
         with torch.no_grad():
             init = transform.inv(value)
