@@ -26,12 +26,43 @@ from ..distributions.constraint_registry import biject_to
 __all__ = ["AngleFromPlane", "UnitVectorFromSpace", "unconstraining_transform"]
 
 
-class AngleFromPlane(Transform):
-    """``y`` of shape ``(..., 2)`` to the angle ``atan2(y[..., 1], y[..., 0])``.
+class UnitVectorFromSpace(Transform):
+    """``y`` of shape ``(..., d)`` to the unit vector ``y / |y|`` (Stan's ``unit_vector``),
+    for sites on the sphere (Pyro's ``ProjectedNormal``).
 
     Not a bijection: ``log_abs_det_jacobian`` is the Gaussian term ``-|y|^2 / 2`` that
-    makes the angle's density the target's (see the module docstring); ``inv`` gives the
-    point on the unit circle.
+    makes the direction's density the site's, with respect to the sphere's surface measure
+    (see the module docstring); ``inv`` is the identity on the sphere.
+
+    Example::
+
+        >>> t = UnitVectorFromSpace()
+        >>> y = torch.tensor([0.0, 3.0, 4.0])
+        >>> t(y), t.log_abs_det_jacobian(y, t(y))
+        (tensor([0.0000, 0.6000, 0.8000]), tensor(-12.5000))
+    """
+
+    domain = constraints.independent(constraints.real, 1)
+    codomain = constraints.sphere
+    bijective = False
+
+    def __eq__(self, other):
+        return type(other) is type(self)
+
+    def _call(self, y):
+        return y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
+
+    def _inverse(self, u):
+        return u
+
+    def log_abs_det_jacobian(self, y, value):
+        return -0.5 * (y * y).sum(-1)
+
+
+class AngleFromPlane(UnitVectorFromSpace):
+    """``y`` of shape ``(..., 2)`` to the angle ``atan2(y[..., 1], y[..., 0])``: the
+    direction of a point of the plane as an angle, with the same Gaussian term as
+    :class:`UnitVectorFromSpace`; ``inv`` gives the point on the unit circle.
 
     Example::
 
@@ -45,21 +76,13 @@ class AngleFromPlane(Transform):
         tensor([1., 0.])
     """
 
-    domain = constraints.independent(constraints.real, 1)
     codomain = constraints.real
-    bijective = False
-
-    def __eq__(self, other):
-        return isinstance(other, AngleFromPlane)
 
     def _call(self, y):
         return torch.atan2(y[..., 1], y[..., 0])
 
     def _inverse(self, theta):
         return torch.stack([torch.cos(theta), torch.sin(theta)], dim=-1)
-
-    def log_abs_det_jacobian(self, y, theta):
-        return -0.5 * (y * y).sum(-1)
 
     def forward_shape(self, shape):
         if len(shape) < 1 or shape[-1] != 2:
@@ -68,38 +91,6 @@ class AngleFromPlane(Transform):
 
     def inverse_shape(self, shape):
         return torch.Size(shape) + (2,)
-
-
-class UnitVectorFromSpace(Transform):
-    """``y`` of shape ``(..., d)`` to the unit vector ``y / |y|`` (Stan's ``unit_vector``),
-    for sites on the sphere (Pyro's ``ProjectedNormal``).
-
-    As :class:`AngleFromPlane`: ``log_abs_det_jacobian`` is ``-|y|^2 / 2``, so the direction
-    has the site's density with respect to the sphere's surface measure; ``inv`` is the
-    identity on the sphere.
-
-    Example::
-
-        >>> t = UnitVectorFromSpace()
-        >>> t(torch.tensor([0.0, 3.0, 4.0]))
-        tensor([0.0000, 0.6000, 0.8000])
-    """
-
-    domain = constraints.independent(constraints.real, 1)
-    codomain = constraints.sphere
-    bijective = False
-
-    def __eq__(self, other):
-        return isinstance(other, UnitVectorFromSpace)
-
-    def _call(self, y):
-        return y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
-
-    def _inverse(self, u):
-        return u
-
-    def log_abs_det_jacobian(self, y, u):
-        return -0.5 * (y * y).sum(-1)
 
 
 def _on_sphere(support: constraints.Constraint) -> bool:
