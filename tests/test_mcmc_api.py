@@ -888,6 +888,19 @@ def test_python_branch_on_a_latent_value_is_named_with_advice():
         mcmc.run(torch.tensor(0.3))
 
 
+def test_a_log_density_that_branches_on_values_is_named_at_its_site():
+    # Pyro's Stable.log_prob interpolates near zero under `if idx.any():`; vmap's own error
+    # named neither the site nor the distribution
+    def model():
+        pt.sample("loc", dist.Normal(0.0, 1.0))
+        pt.sample("s", dist.Stable(1.5, 0.0))
+
+    mcmc = _mcmc(model, num_warmup=5, num_samples=5)
+    with pytest.raises(ValueError, match=r"in the log density of site 's' \(Stable\.log_prob\)"
+                       r".*use another distribution"):  # fmt: skip
+        mcmc.run()
+
+
 def test_dropout_in_training_mode_is_named_with_advice():
     # vmap's "called random operation while in randomness error mode" said nothing of why
     net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Dropout(0.5))

@@ -276,6 +276,16 @@ def test_discrete_latent_site_is_rejected_by_name():
         Potential(model, compile=False)
 
 
+def test_point_mass_latent_site_is_rejected_by_name():
+    # it failed at initialization: "non-finite at site(s) ['v']" after 100 tries
+    def model():
+        z = pt.sample("z", dist.Normal(0.0, 1.0))
+        pt.sample("v", dist.Delta(2 * z).expand([3]).to_event(1))
+
+    with pytest.raises(ValueError, match=r"latent site 'v'.*Delta.*pt.deterministic\('v'"):
+        Potential(model, compile=False)
+
+
 def test_subsampled_plate_is_rejected_by_name():
     def model(y):
         mu = pt.sample("mu", dist.Normal(0.0, 1.0))

@@ -99,15 +99,22 @@ def _on_sphere(support: constraints.Constraint) -> bool:
     return isinstance(support, type(constraints.sphere))
 
 
-def _is_angular(fn: Distribution) -> bool:
-    """A distribution of angles (von Mises; Pyro's sine bivariate von Mises and sine-skewed
-    torus distributions), possibly reshaped (Independent, expanded, masked)."""
+def innermost(fn: Distribution) -> Distribution:
+    """The family inside reshaping wrappers (Independent, expanded, masked)."""
     while isinstance(fn, Independent) or type(fn).__name__ in (
         "ExpandedDistribution",
         "MaskedDistribution",
     ):
         fn = fn.base_dist
-    return isinstance(fn, (torch.distributions.VonMises, SineBivariateVonMises, SineSkewed))
+    return fn
+
+
+def _is_angular(fn: Distribution) -> bool:
+    """A distribution of angles (von Mises; Pyro's sine bivariate von Mises and sine-skewed
+    torus distributions), possibly reshaped."""
+    return isinstance(
+        innermost(fn), (torch.distributions.VonMises, SineBivariateVonMises, SineSkewed)
+    )
 
 
 def unconstraining_transform(fn: Distribution) -> Transform:

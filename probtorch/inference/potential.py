@@ -23,7 +23,7 @@ import torch
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
 from ..validation import InvalidParameterError, ObservationOutsideSupportError, torch_validation
-from .angles import unconstraining_transform
+from .angles import innermost, unconstraining_transform
 from .compile import compile_enabled, compile_fn
 from .data_layout import DataLayout
 from .init_strategies import init_to_uniform
@@ -119,15 +119,25 @@ class _Record(Messenger):
 
 
 class _Collect(Messenger):
-    """Keep the sample sites of a run, without checks (for diagnosis at bad points)."""
+    """Keep the sample sites of a run, without checks (for diagnosis at bad points).
 
-    def __init__(self):
+    ``densities``: also evaluate each site's log density as it is reached, so a failure
+    there is caught at its site (``in_density`` is that site while it is evaluated).
+    """
+
+    def __init__(self, densities: bool = False):
         super().__init__()
         self.sites: list[Message] = []
+        self.densities = densities
+        self.in_density: Message | None = None
 
     def postprocess_message(self, msg: Message) -> None:
         if msg.type == "sample":
             self.sites.append(msg)
+            if self.densities:
+                self.in_density = msg
+                site_log_prob(msg)
+                self.in_density = None
 
 
 def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
@@ -336,6 +346,13 @@ class Potential:
                     f"{type(site.fn).__name__} (support {support}); HMC/NUTS need continuous "
                     f"latent sites: marginalize it out, or observe it"
                 )
+            if type(innermost(site.fn)).__name__ == "Delta":
+                raise ValueError(
+                    f"latent site {name!r} has the distribution Delta, a point mass: HMC/NUTS "
+                    f"cannot move it (its log density is -inf off the point); record a value "
+                    f"computed from other sites with pt.deterministic({name!r}, value), or "
+                    f"observe it"
+                )
             transform = unconstraining_transform(site.fn)
             shape = site.value.shape
             unconstrained_shape = torch.Size(transform.inverse_shape(shape))
@@ -431,7 +448,7 @@ class Potential:
 
     def _explain_failure(self, z: torch.Tensor, error: RuntimeError) -> None:
         """Re-run eagerly, vectorized, to find the site after which the model failed."""
-        collect = _Collect()
+        collect = _Collect(densities=True)
 
         def run(z_chain):
             unconstrain = _Unconstrain(self.unpack(z_chain), self._sites_by_name)
@@ -442,15 +459,30 @@ class Potential:
         try:
             torch.func.vmap(run)(z.detach())
         except RuntimeError as vmapped_error:
-            where = (
-                f"after site {collect.sites[-1].name!r} (in the code that follows it, up to "
-                f"the next site, e.g. building that site's distribution)"
-                if collect.sites
-                else "before its first site"
-            )
+            failed = collect.in_density
+            if failed is not None:
+                where = (
+                    f"in the log density of site {failed.name!r} "
+                    f"({type(failed.fn).__name__}.log_prob)"
+                )
+            elif collect.sites:
+                where = (
+                    f"after site {collect.sites[-1].name!r} (in the code that follows it, up "
+                    f"to the next site, e.g. building that site's distribution)"
+                )
+            else:
+                where = "before its first site"
             text = str(vmapped_error)
             advice = ""
-            if "vmap" in text and ("item()" in text or "data-dependent" in text):
+            vectorizing = "vmap" in text and ("item()" in text or "data-dependent" in text)
+            if vectorizing and failed is not None:
+                advice = (
+                    f" Potentials are vectorized over chains (torch.func.vmap), and "
+                    f"{type(failed.fn).__name__}'s log density branches on tensor values in "
+                    f"Python, which cannot be vectorized: use another distribution for this "
+                    f"site (or reparameterize it)."
+                )
+            elif vectorizing:
                 advice = (
                     " Potentials are vectorized over chains, so a model must not read latent "
                     "values in Python (.item(), int(x), `if x > 0:`); use torch operations "
