@@ -36,6 +36,8 @@ def test_the_transforms_shapes_values_and_dispatch():
     assert isinstance(unconstraining_transform(torus), AngleFromPlane)
     projected = dist.ProjectedNormal(torch.ones(3)).expand([2]).to_event(1)
     assert type(unconstraining_transform(projected)) is UnitVectorFromSpace
+    von_mises_fisher = dist.VonMises3D(torch.tensor([0.0, 0.0, 2.0]))
+    assert type(unconstraining_transform(von_mises_fisher)) is UnitVectorFromSpace
     # anything else: its support's bijection
     assert unconstraining_transform(dist.HalfNormal(1.0))(torch.tensor(0.0)) == 1.0
 
