@@ -11,7 +11,7 @@ import torch
 
 import probtorch as pt
 import probtorch.distributions as dist
-from probtorch.inference import MCMC, NUTS
+from probtorch.inference import MCMC, NUTS, Potential
 from probtorch.inference.angles import AngleFromPlane, UnitVectorFromSpace, unconstraining_transform
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -40,6 +40,24 @@ def test_the_transforms_shapes_values_and_dispatch():
     assert type(unconstraining_transform(von_mises_fisher)) is UnitVectorFromSpace
     # anything else: its support's bijection
     assert unconstraining_transform(dist.HalfNormal(1.0))(torch.tensor(0.0)) == 1.0
+
+
+def test_a_family_without_a_mean_keeps_its_dtype():
+    # VonMises3D has no mean: its float64 site started (and the potential ran) in float32,
+    # and NUTS failed with "Index put requires the source and destination dtypes match"
+    loc = torch.tensor([0.0, 0.0, 2.0], dtype=torch.float64)
+
+    def model():
+        pt.sample("v", dist.VonMises3D(loc))
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        potential = Potential(model, compile=False)
+        value, grad = potential.value_and_grad(torch.randn(2, 3, dtype=torch.float64))
+    finally:
+        torch.set_default_dtype(previous)
+    assert potential.dtype == value.dtype == grad.dtype == torch.float64
 
 
 CONCENTRATION = torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64)

@@ -134,7 +134,8 @@ def init_to_value(site: Message | None = None, values: dict | None = None, radiu
 
 
 def _dtype_of(site: Message) -> torch.dtype:
-    """The floating dtype the site's distribution computes in (its mean's dtype)."""
+    """The floating dtype the site's distribution computes in: its mean's dtype or, for a
+    family without a mean (``VonMises3D``), that of a floating tensor parameter."""
     fn = site.fn
     while fn is not None:
         try:
@@ -143,5 +144,8 @@ def _dtype_of(site: Message) -> torch.dtype:
                 return mean.dtype
         except (NotImplementedError, AttributeError, RuntimeError):
             pass
+        for value in vars(fn).values():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                return value.dtype
         fn = getattr(fn, "base_dist", None)
     return torch.get_default_dtype()

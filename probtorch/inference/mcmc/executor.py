@@ -75,17 +75,21 @@ def uncompilable_reason(error: BaseException) -> str:
     if not frames:
         return reason
 
+    installed = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
+
     def shown(frame):
         path, line, name = frame
-        if "site-packages" in path:
-            path = ".../" + path.split("site-packages/")[-1]
+        parts = installed.split(path)
+        if len(parts) > 1:
+            path = ".../" + parts[-1]
         return f"{path}:{line} ({name})"
 
     inner = frames[-1]
-    own = [f for f in frames if "site-packages" not in f[0] and _PACKAGE_DIR not in f[0]]
+    ours = _PACKAGE_DIR + os.sep
+    users = [f for f in frames if not installed.search(f[0]) and not f[0].startswith(ours)]
     where = f"{reason}, at {shown(inner)}"
-    if own and own[-1] != inner:
-        where += f", reached from {shown(own[-1])}"
+    if users and users[-1] != inner:
+        where += f", reached from {shown(users[-1])}"
     return where
 
 
