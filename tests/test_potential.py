@@ -286,6 +286,22 @@ def test_point_mass_latent_site_is_rejected_by_name():
         Potential(model, compile=False)
 
 
+@pytest.mark.parametrize("first_with_w", [True, False])
+def test_a_latent_site_that_comes_and_goes_is_named(first_with_w):
+    # as `if z > 0: pt.sample("w", ...)` does between initial points, here by call count: a
+    # site present at the first trace and missing at the next was a bare KeyError: 'w'
+    calls = []
+
+    def model():
+        calls.append(1)
+        pt.sample("z", dist.Normal(0.0, 1.0))
+        if (len(calls) == 1) == first_with_w:
+            pt.sample("w", dist.Normal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match=r"latent site 'w' .*must not depend on the values"):
+        initialize_model(model, num_chains=2, compile=False)
+
+
 def test_subsampled_plate_is_rejected_by_name():
     def model(y):
         mu = pt.sample("mu", dist.Normal(0.0, 1.0))

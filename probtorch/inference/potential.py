@@ -717,6 +717,12 @@ def _versions(args: tuple, kwargs: dict) -> list:
 def _pack_trace(potential: Potential, tr: Trace) -> torch.Tensor:
     parts = []
     for s in potential.sites:
+        if s.name not in tr:
+            raise ValueError(
+                f"latent site {s.name!r} appeared when the model was first traced but not in "
+                f"this run of it (at a new initial point); the latent sites of a model must "
+                f"not depend on the values of other sites"
+            )
         site = tr[s.name]
         if site.value.shape != s.shape:
             raise ValueError(
