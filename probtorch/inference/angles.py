@@ -8,10 +8,18 @@ to 557 with most transitions at ``max_tree_depth``). Mapped onto an interval (Nu
 ``circular`` support goes through a sigmoid), a posterior near ``±pi`` is cut in two.
 
 As Stan's ``unit_vector``, each angle here is the direction of an unconstrained point
-``y`` of the plane, ``theta = atan2(y1, y0)``, with ``-|y|^2 / 2`` added to the log
-density in place of a Jacobian. The added term is an isotropic Gaussian, whose direction
-is uniform and independent of its radius, so ``theta`` has exactly the site's density;
-the sampler moves on a proper, smooth density and the draws are angles in ``(-pi, pi]``.
+``y`` of the plane, ``theta = atan2(y1, y0)`` (a site on the sphere: ``y / |y|``), with
+``-|y|^2 / 2`` added to the log density in place of a Jacobian. The added term is an
+isotropic Gaussian, whose direction is uniform and independent of its radius, so the
+angle has exactly the site's density; the sampler moves on a proper, smooth density and
+the draws are angles in ``(-pi, pi]``.
+
+As with Stan's ``unit_vector``, the angle's gradient grows as ``1 / |y|`` near the
+origin, where a trajectory now and then diverges: a von Mises posterior of concentration
+4.7 gave 1-4 divergences per 4 x 1000 draws at ``target_accept_prob=0.8`` and 0-1 at 0.95
+(eight seeds). A ring around the unit circle for the radius (``-(|y| - 1)^2 / (2 * 0.25^2)``)
+had none, but its draws' sd of ``cos(theta)`` was 6 % low on average over eight seeds
+(slow to reach the tails), so the Gaussian stays.
 """
 
 from __future__ import annotations
