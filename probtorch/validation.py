@@ -89,6 +89,21 @@ def _describe(value: torch.Tensor, valid: torch.Tensor) -> str:
         return f"tensor of shape {shape}"
 
 
+def innermost(fn):
+    """The family inside reshaping wrappers (``Independent``, expanded, masked).
+
+    >>> import pyro.distributions as d
+    >>> type(innermost(d.Normal(0.0, 1.0).expand([3]).mask(False).to_event(1))).__name__
+    'Normal'
+    """
+    while isinstance(fn, torch.distributions.Independent) or type(fn).__name__ in (
+        "ExpandedDistribution",
+        "MaskedDistribution",
+    ):
+        fn = fn.base_dist
+    return fn
+
+
 def _unwrapped(fn):
     """The distribution and those inside it: wrappers (Independent, Expanded, Masked, ...)
     through ``base_dist``, and a mixture's mixing and component distributions."""

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import torch
 from pyro.distributions import SineBivariateVonMises, SineSkewed, constraints
-from torch.distributions import Distribution, Independent
+from torch.distributions import Distribution
 from torch.distributions.transforms import Transform
 
 from ..distributions.constraint_registry import biject_to
+from ..validation import innermost
 
 __all__ = ["AngleFromPlane", "UnitVectorFromSpace", "unconstraining_transform"]
 
@@ -105,16 +106,6 @@ def _on_sphere(support: constraints.Constraint) -> bool:
     while isinstance(support, constraints.independent):
         support = support.base_constraint
     return isinstance(support, type(constraints.sphere))
-
-
-def innermost(fn: Distribution) -> Distribution:
-    """The family inside reshaping wrappers (Independent, expanded, masked)."""
-    while isinstance(fn, Independent) or type(fn).__name__ in (
-        "ExpandedDistribution",
-        "MaskedDistribution",
-    ):
-        fn = fn.base_dist
-    return fn
 
 
 def _is_angular(fn: Distribution) -> bool:

@@ -46,7 +46,7 @@ from torch.distributions import constraints, kl_divergence
 from ..handlers import Trace, replay, site_log_prob, trace
 from ..primitives import plate
 from ..runtime import Message, Messenger
-from ..validation import torch_validation
+from ..validation import innermost, torch_validation
 
 __all__ = ["ELBO", "Trace_ELBO", "TraceMeanField_ELBO", "TraceGraph_ELBO", "RenyiELBO"]
 
@@ -77,16 +77,14 @@ class _Record(Messenger):
 
 
 def _is_delta(fn) -> bool:
-    """Whether ``fn`` is a point mass (through ``Independent`` and ``Expanded`` wrappers).
+    """Whether ``fn`` is a point mass (through reshaping wrappers).
 
     An autoguide's joint draw reaches each site as a ``Delta`` whose ``log_density`` holds
     the site's share of ``log q``; the registered ``KL(Delta || p) = -log p(v)`` leaves it
     out (in Pyro too: the mean-field loss came out lower than Trace_ELBO's by ``log q``'s
     Jacobian terms), so such sites take the Monte Carlo term, which is exact for them.
     """
-    while isinstance(fn, (torch.distributions.Independent, pyro_dist.ExpandedDistribution)):
-        fn = fn.base_dist
-    return isinstance(fn, pyro_dist.Delta)
+    return isinstance(innermost(fn), pyro_dist.Delta)
 
 
 def _is_latent(site: Message) -> bool:

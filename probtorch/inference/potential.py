@@ -18,12 +18,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyro.distributions as pyro_dist
 import torch
 
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
-from ..validation import InvalidParameterError, ObservationOutsideSupportError, torch_validation
-from .angles import innermost, unconstraining_transform
+from ..validation import (
+    InvalidParameterError,
+    ObservationOutsideSupportError,
+    innermost,
+    torch_validation,
+)
+from .angles import unconstraining_transform
 from .compile import compile_enabled, compile_fn
 from .data_layout import DataLayout
 from .init_strategies import init_to_uniform
@@ -346,7 +352,7 @@ class Potential:
                     f"{type(site.fn).__name__} (support {support}); HMC/NUTS need continuous "
                     f"latent sites: marginalize it out, or observe it"
                 )
-            if type(innermost(site.fn)).__name__ == "Delta":
+            if isinstance(innermost(site.fn), pyro_dist.Delta):
                 raise ValueError(
                     f"latent site {name!r} has the distribution Delta, a point mass: HMC/NUTS "
                     f"cannot move it (its log density is -inf off the point); record a value "
