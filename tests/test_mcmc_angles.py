@@ -60,6 +60,17 @@ def test_a_family_without_a_mean_keeps_its_dtype():
     assert potential.dtype == value.dtype == grad.dtype == torch.float64
 
 
+def test_a_density_computed_in_another_dtype_is_the_latent_values_dtype():
+    """Pyro's SineBivariateVonMises builds its normalizer in torch's default dtype (float64
+    in this module): the potential of its float32 site was float64, and NUTS failed with
+    "Index put requires the source and destination dtypes match"."""
+    potential = Potential(lambda: torus(torch.float32), compile=False)
+    value, grad = potential.value_and_grad(torch.randn(2, potential.dim, dtype=torch.float32))
+    assert potential.dtype == value.dtype == grad.dtype == potential(grad).dtype == torch.float32
+    draws = _torus_run(False, torch.float32)
+    assert draws.dtype == torch.float32 and draws.shape == (80, 2)
+
+
 CONCENTRATION = torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64)
 
 
@@ -91,22 +102,19 @@ def test_projected_normal_draws_match_its_own_sampler():
     assert int(mcmc.get_extra_fields()["diverging"].sum()) == 0
 
 
-def torus():
+def torus(dtype=torch.float32):
     """Pyro's SineBivariateVonMises computes its normalizer with a number of series terms
     read from its concentrations (``.int()``): torch.compile cannot capture it."""
     pt.sample(
         "angles",
-        dist.SineBivariateVonMises(
-            torch.tensor(3.0), torch.tensor(-3.0), torch.tensor(2.0), torch.tensor(2.0),
-            torch.tensor(0.5),
-        ),
-    )  # fmt: skip
+        dist.SineBivariateVonMises(*torch.tensor([3.0, -3.0, 2.0, 2.0, 0.5], dtype=dtype).unbind()),
+    )
 
 
-def _torus_run(compile):
+def _torus_run(compile, dtype=torch.float32):
     mcmc = MCMC(NUTS(torus, compile=compile), num_warmup=40, num_samples=40, num_chains=2,
                 progress_bar=False, seed=3)  # fmt: skip
-    mcmc.run()
+    mcmc.run(dtype)
     return mcmc.get_samples()["angles"]
 
 
@@ -126,3 +134,46 @@ def test_a_model_compile_cannot_capture_runs_eagerly_with_a_warning_and_the_same
         eager = _torus_run(False)
     assert torch.equal(draws, eager)
     assert draws.shape == (80, 2) and float(draws.abs().max()) <= math.pi
+
+
+def _fixed_step_torus_run(**kernel_options):
+    kernel = NUTS(torus, step_size=0.3, adapt_step_size=False, adapt_mass_matrix=False,
+                  **kernel_options)  # fmt: skip
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=30, num_chains=2, progress_bar=False, seed=3)
+    mcmc.run(torch.float64)
+    return mcmc.get_samples()["angles"]
+
+
+def test_the_split_executor_runs_an_uncompilable_gradient_eagerly_inside_its_sampler(
+    tmp_path, monkeypatch
+):
+    """make_fx cannot trace the torus's gradient either: the split executor says why and
+    where, and runs it eagerly inside the compiled sampler (it crashed before)."""
+    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(tmp_path))
+    with pytest.warns(UserWarning) as caught:
+        draws = _fixed_step_torus_run(executor="split")
+    said = [str(w.message) for w in caught]
+    notes = [m for m in said if "gradient could not be compiled" in m]
+    assert len(notes) == 1, said
+    assert "sine_bivariate_von_mises.py:" in notes[0] and "test_mcmc_angles.py" in notes[0]
+    assert "a Python value read from a tensor" in notes[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eager = _fixed_step_torus_run(compile=False)
+    # the same draws up to rounding, with a fixed step size (under adaptation roundings
+    # grow from transition to transition: 1e-6 after 40 warmup iterations here)
+    torch.testing.assert_close(draws, eager, rtol=0, atol=1e-10)
+
+
+def test_a_potential_compile_cannot_capture_evaluates_eagerly_with_a_warning():
+    compiled, eager = Potential(torus, compile=True), Potential(torus, compile=False)
+    z = torch.randn(3, compiled.dim, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="evaluating the potential eagerly") as caught:
+        value, grad = compiled.value_and_grad(z)
+    assert len(caught) == 1 and caught[0].filename == __file__
+    assert "sine_bivariate_von_mises.py:" in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert torch.equal(compiled(z), eager(z))
+    want_value, want_grad = eager.value_and_grad(z)
+    assert torch.equal(value, want_value) and torch.equal(grad, want_grad)

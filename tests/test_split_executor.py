@@ -280,7 +280,7 @@ def test_split_loop_falls_back_with_a_warning_when_the_gradient_does_not_compile
     monkeypatch.setattr(executor, "_compiled_fills", refuse)
     dtype = torch.float64
     loop = SplitLoop(_descent(hole_value_and_grad), _quadratic(4, dtype), graph_name="descent")
-    with pytest.warns(UserWarning, match="could not be compiled.*no C.. compiler"):
+    with pytest.warns(UserWarning, match="gradient could not be compiled.*no C.. compiler"):
         got = loop(_start(3, 4, dtype), *_args(3, dtype))
     for a, b in zip(got, _eager(3, 4, dtype)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -382,3 +382,37 @@ def test_kept_scalar_graph_loads_its_kernels_with_its_own_options(cache_dir, mon
     for a, b in zip(got, _eager(4, 7, dtype)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert seen and set(seen) == {1}, seen
+
+
+def test_split_fallback_runs_a_torch_func_gradient_inside_the_compiled_sampler(
+    cache_dir, monkeypatch
+):
+    """The fallback's eager gradient runs inside the compiled sampler, on its first call
+    too, where AOTAutograd checks custom operators in a dispatch mode that excludes
+    functorch's keys (``Cannot access storage of TensorWrapper`` before)."""
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(executor, "_compiled_fills", refuse)
+    dtype = torch.float64
+    center = torch.linspace(-1.0, 2.0, 4, dtype=dtype)
+
+    def single(z):
+        return 0.5 * ((z - center) ** 2).sum()
+
+    batched = torch.func.vmap(torch.func.grad_and_value(single))
+
+    def value_and_grad(z):
+        grad, value = batched(z)
+        return value, grad
+
+    loop = SplitLoop(_descent(hole_value_and_grad), value_and_grad, graph_name="descent")
+    with pytest.warns(UserWarning, match="gradient could not be compiled.*no C.. compiler"):
+        got = loop(_start(3, 4, dtype), *_args(3, dtype))
+    want = _start(3, 4, dtype)
+    iteration = _descent(value_and_grad)
+    while not bool(want.done.all()):
+        want = iteration(want, *_args(3, dtype))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pyro.distributions as pyro_dist
 import torch
 
+from .._caller import warn_at_caller
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
 from ..validation import (
@@ -34,6 +35,7 @@ from .compile import compile_enabled, compile_fn
 from .data_layout import DataLayout
 from .init_strategies import init_to_uniform
 from .safe_linalg import nan_on_failure
+from .uncompilable import uncompilable_reason
 
 __all__ = ["LatentSite", "Potential", "initialize_model", "pack_init_params", "InitializationError"]
 
@@ -401,7 +403,10 @@ class Potential:
         with nan_on_failure(), log_joint, unconstrain:
             self.model(*self._args, **self._kwargs)
         total = log_joint.total + unconstrain.log_det
-        return -total
+        # in the latent values' dtype: a density computed in another (Pyro's
+        # SineBivariateVonMises builds its normalizer in torch's default dtype) would make
+        # the sampler's energies another dtype than its positions
+        return (-total).to(z.dtype)
 
     def _single_constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         record = _Record()
@@ -425,32 +430,46 @@ class Potential:
                 f"got {tuple(z.shape)}"
             )
 
-    def _explained(self, fn, z: torch.Tensor):
-        """``fn(z)`` with ``z`` checked and validation off; a failure of the model is
-        explained (:meth:`_explain_failure`)."""
+    def _explained(self, name: str, z: torch.Tensor):
+        """``self.<name>(z)`` with ``z`` checked and validation off; a failure of the model
+        is explained (:meth:`_explain_failure`). Where torch.compile cannot capture the
+        model, the potential runs eagerly from then on, with a warning saying why and where
+        (as the samplers do)."""
         self._check_z(z)
         with torch_validation(False):
             try:
-                return fn(z)
+                return getattr(self, name)(z)
+            except torch._dynamo.exc.Unsupported as error:
+                if not self.compiled:
+                    raise
+                warn_at_caller(
+                    f"evaluating the potential eagerly: torch.compile cannot capture the "
+                    f"model ({uncompilable_reason(error)}). Pass compile=False to skip the "
+                    f"attempt"
+                )
+                self.compiled = False
+                self._value = torch.func.vmap(self._single_potential)
+                self._value_and_grad = self._batched_value_and_grad
+                return self._explained(name, z)
             except RuntimeError as error:
                 self._explain_failure(z, error)
                 raise
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         """Potential energy, shape ``(chains,)``."""
-        return self._explained(self._value, z)
+        return self._explained("_value", z)
 
     potential_energy = __call__
 
     def value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Potential energy ``(chains,)`` and its gradient ``(chains, dim)``."""
-        grad, value = self._explained(self._value_and_grad, z)
+        grad, value = self._explained("_value_and_grad", z)
         return value, grad
 
     def eager_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`value_and_grad` evaluated eagerly (no compile), for a few calls at set-up;
         a failure of the model is explained as there."""
-        return self._explained(self.raw_value_and_grad, z)
+        return self._explained("raw_value_and_grad", z)
 
     def _explain_failure(self, z: torch.Tensor, error: RuntimeError) -> None:
         """Re-run eagerly, vectorized, to find the site after which the model failed."""

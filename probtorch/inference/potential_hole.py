@@ -43,7 +43,8 @@ _LIBRARY.define(
 
 class _Filling(threading.local):
     def __init__(self):
-        self.stack: list[tuple[Callable, Callable | None]] = []
+        # (value_and_grad, direct, the dispatch keys included and excluded at filling())
+        self.stack: list[tuple] = []
 
 
 _filling = _Filling()
@@ -58,20 +59,32 @@ def filling(value_and_grad: Callable, direct: Callable | None = None) -> Iterato
     and ``grad`` for the buffer ``z``, with ``.func`` and ``.args`` a C function's Python
     binding and its arguments (as ``functools.partial`` has them), or None.
     """
-    _filling.stack.append((value_and_grad, direct))
+    keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+    _filling.stack.append((value_and_grad, direct, keys))
     try:
         yield
     finally:
         _filling.stack.pop()
 
 
-def _current() -> tuple[Callable, Callable | None]:
+def _current() -> tuple:
     if not _filling.stack:
         raise RuntimeError(
             "probtorch::potential_hole was called outside potential_hole.filling(): no "
             "model gradient to compute"
         )
     return _filling.stack[-1]
+
+
+def _filled(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The filling's value and gradient of ``z``, under the dispatch keys of its
+    :func:`filling` call: on a compiled function's first call AOTAutograd checks custom
+    operators for aliasing in a Python dispatch mode, which redispatches with the keys
+    above it excluded (functorch's among them), and an eager ``torch.func`` gradient run
+    there fails (``Cannot access storage of TensorWrapper``)."""
+    value_and_grad, _, (include, exclude) = _current()
+    with torch._C._ForceDispatchKeyGuard(include, exclude):
+        return value_and_grad(z)
 
 
 def hole_value_and_grad(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +94,7 @@ def hole_value_and_grad(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.library.impl(_LIBRARY, "potential_hole", "CompositeExplicitAutograd")
 def _hole(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    value, grad = _current()[0](z)
+    value, grad = _filled(z)
     return value.clone(), grad.clone()
 
 
@@ -89,7 +102,7 @@ def _hole(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _hole_out(
     z: torch.Tensor, *, value: torch.Tensor, grad: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    v, g = _current()[0](z)
+    v, g = _filled(z)
     value.copy_(v)
     grad.copy_(g)
     return value, grad

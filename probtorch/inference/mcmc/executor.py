@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import re
 import signal
 import threading
 from collections.abc import Callable
@@ -36,6 +34,7 @@ from ...validation import torch_validation
 from .. import call_program
 from ..compile import compile_fn, inductor_base_options, skip_guards
 from ..generated_call import BufferPool, compile_graph, load_graph
+from ..uncompilable import uncompilable_reason, untraceable_reason
 
 __all__ = ["ChunkedLoop", "InPlaceLoop", "SplitLoop", "TracedChunk", "trace_in_place"]
 
@@ -46,51 +45,7 @@ __all__ = ["ChunkedLoop", "InPlaceLoop", "SplitLoop", "TracedChunk", "trace_in_p
 # Calls per C++ loop of a program (call_program.py): a Ctrl-C is seen within that many.
 _PROGRAM_CALLS = 256
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 _UNCHECKED = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
-
-
-def uncompilable_reason(error: BaseException) -> str:
-    r"""Dynamo's reason for refusing a function, and where: the innermost frame of the
-    user code it reports, and the innermost one of the user's own (outside torch, Pyro and
-    probtorch) when that is another.
-
-    Example::
-
-        >>> text = (
-        ...     "Data-dependent branching\n  Explanation: ...\nfrom user code:\n"
-        ...     '   File "/home/u/fit.py", line 5, in model\n'
-        ...     '  File "/v/site-packages/pyro/distributions/d.py", line 12, in __init__\n'
-        ... )
-        >>> print(uncompilable_reason(RuntimeError(text)).replace(", ", ",\n"))
-        Data-dependent branching,
-        at .../pyro/distributions/d.py:12 (__init__),
-        reached from /home/u/fit.py:5 (model)
-    """
-    text = str(error)
-    lines = text.splitlines()
-    reason = lines[0].strip() if lines else type(error).__name__
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text.split("from user code:")[-1])
-    if not frames:
-        return reason
-
-    installed = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
-
-    def shown(frame):
-        path, line, name = frame
-        parts = installed.split(path)
-        if len(parts) > 1:
-            path = ".../" + parts[-1]
-        return f"{path}:{line} ({name})"
-
-    inner = frames[-1]
-    ours = _PACKAGE_DIR + os.sep
-    users = [f for f in frames if not installed.search(f[0]) and not f[0].startswith(ours)]
-    where = f"{reason}, at {shown(inner)}"
-    if users and users[-1] != inner:
-        where += f", reached from {shown(users[-1])}"
-    return where
 
 
 class ChunkedLoop:
@@ -452,13 +407,14 @@ class InPlaceLoop:
         else:
             self.adopt(traced)
 
+    _FALLBACK_NOTE = (
+        "the in-place NUTS chunk could not be compiled ({error}); running it through "
+        "torch.compile instead"
+    )
+
     def _use_fallback(self, error: BaseException) -> None:
-        first = str(error).splitlines()[0] if str(error) else ""
         # said once the fallback has compiled (where it cannot, its own warning says why)
-        self._fallback_note = (
-            f"the in-place NUTS chunk could not be compiled ({type(error).__name__}: {first}); "
-            "running it through torch.compile instead"
-        )
+        self._fallback_note = self._FALLBACK_NOTE.format(error=untraceable_reason(error))
         self._fallback = ChunkedLoop(self.iteration, self.chunk_size, True, self.done, self.options)
 
     def __call__(self, state, *args):
@@ -531,6 +487,11 @@ class SplitLoop(InPlaceLoop):
     returns to Python. Draws are the quick path's, bit for bit where the gradient compiles
     to the same code (the sampler's own arithmetic is elementwise).
     """
+
+    _FALLBACK_NOTE = (
+        "the model's gradient could not be compiled apart from the sampler ({error}); it "
+        "runs eagerly inside the compiled sampler, much slower"
+    )
 
     def __init__(
         self,
