@@ -177,3 +177,14 @@ def test_a_potential_compile_cannot_capture_evaluates_eagerly_with_a_warning():
         assert torch.equal(compiled(z), eager(z))
     want_value, want_grad = eager.value_and_grad(z)
     assert torch.equal(value, want_value) and torch.equal(grad, want_grad)
+
+
+def test_the_lean_executor_names_what_it_could_not_trace(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBTORCH_CACHE_DIR", str(tmp_path))
+    with pytest.warns(UserWarning) as caught:
+        draws = _fixed_step_torus_run(executor="lean")
+    notes = [str(w.message) for w in caught if "lean executor could not be built" in str(w.message)]
+    assert len(notes) == 1, [str(w.message) for w in caught]
+    assert "a Python value read from a tensor" in notes[0]  # not make_fx's paragraph
+    assert "sine_bivariate_von_mises.py:" in notes[0] and "test_mcmc_angles.py" in notes[0]
+    assert draws.shape == (60, 2)

@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from ..._caller import warn_at_caller
 from ..compile import inductor_base_options
+from ..uncompilable import untraceable_reason
 from .executor import TracedChunk, in_place_inputs, trace_in_place, with_strides
 
 __all__ = [
@@ -230,8 +231,7 @@ def _aoti_compile(exported, tmp: str, configs: dict | None) -> None:
 
 
 def _error_line(error: BaseException) -> str:
-    first = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {first}"
+    return untraceable_reason(error)
 
 
 def _warn_fallback(error: BaseException | str) -> None:
