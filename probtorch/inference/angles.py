@@ -12,7 +12,9 @@ As Stan's ``unit_vector``, each angle here is the direction of an unconstrained 
 ``-|y|^2 / 2`` added to the log density in place of a Jacobian. The added term is an
 isotropic Gaussian, whose direction is uniform and independent of its radius, so the
 angle has exactly the site's density; the sampler moves on a proper, smooth density and
-the draws are angles in ``(-pi, pi]``.
+the draws are angles in ``(-pi, pi]``. The term carries the radius's normalizer (none in
+the plane; ``log(2^(d/2-1) Gamma(d/2))`` in ``d`` dimensions), so that the point's density
+integrates to one and autoguides fitted to it keep the ELBO a bound on the log evidence.
 
 As with Stan's ``unit_vector``, the angle's gradient grows as ``1 / |y|`` near the
 origin, where a trajectory now and then diverges: a von Mises posterior of concentration
@@ -23,6 +25,8 @@ had none, but its draws' sd of ``cos(theta)`` was 6 % low on average over eight 
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from pyro.distributions import SineBivariateVonMises, SineSkewed, constraints
@@ -47,8 +51,8 @@ class UnitVectorFromSpace(Transform):
 
         >>> t = UnitVectorFromSpace()
         >>> y = torch.tensor([0.0, 3.0, 4.0])
-        >>> t(y), t.log_abs_det_jacobian(y, t(y))
-        (tensor([0.0000, 0.6000, 0.8000]), tensor(-12.5000))
+        >>> t(y), t.log_abs_det_jacobian(y, t(y))  # -|y|^2/2 - log(sqrt(pi/2))
+        (tensor([0.0000, 0.6000, 0.8000]), tensor(-12.7258))
     """
 
     domain = constraints.independent(constraints.real, 1)
@@ -65,7 +69,12 @@ class UnitVectorFromSpace(Transform):
         return u
 
     def log_abs_det_jacobian(self, y, value):
-        return -0.5 * (y * y).sum(-1)
+        # the radius's density: -|y|^2/2 - log Z_d, Z_d = ∫ exp(-r^2/2) r^(d-1) dr over r > 0
+        # (1 in the plane), so that the point's density integrates to the site's: the
+        # bound of an ELBO holds (samplers ignore the constant)
+        d = y.shape[-1]
+        log_z = (0.5 * d - 1.0) * math.log(2.0) + math.lgamma(0.5 * d)
+        return -0.5 * (y * y).sum(-1) - log_z
 
 
 class AngleFromPlane(UnitVectorFromSpace):

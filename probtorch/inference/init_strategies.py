@@ -59,7 +59,9 @@ def init_to_uniform(site: Message | None = None, radius: float = 2.0):
 def init_to_median(site: Message | None = None, num_samples: int = 15):
     """The elementwise median of ``num_samples`` prior draws, taken in unconstrained space.
 
-    Sites whose prior cannot be sampled (improper priors) start ``init_to_uniform``.
+    Sites whose prior cannot be sampled (improper priors) start ``init_to_uniform``; a
+    site whose support has no map from unconstrained space starts at a prior draw (whoever
+    needs the map names the site).
 
     Example::
 
@@ -72,7 +74,10 @@ def init_to_median(site: Message | None = None, num_samples: int = 15):
         return functools.partial(init_to_median, num_samples=num_samples)
     if not _is_latent(site):
         return None
-    transform = unconstraining_transform(site.fn)
+    try:
+        transform = unconstraining_transform(site.fn)
+    except NotImplementedError:
+        return init_to_sample(site)
     try:
         draws = site.fn.sample((num_samples,) + tuple(site.kwargs.get("sample_shape", ())))
     except NotImplementedError:  # improper priors cannot be sampled

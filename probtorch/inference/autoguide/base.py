@@ -24,12 +24,12 @@ import torch
 from torch.distributions import constraints
 from torch.distributions.transforms import ComposeTransform, IndependentTransform, Transform
 
-from ...distributions.constraint_registry import biject_to
 from ...handlers import Trace, block, seed, substitute, trace
 from ...params import ParamStore, param_scope
 from ...primitives import param, plate
 from ...runtime import CondIndepStackFrame, Message
 from ...validation import torch_validation
+from ..angles import UnitVectorFromSpace, unconstraining_transform
 from ..init_strategies import init_to_median
 
 __all__ = ["AutoGuide", "LatentSite", "SiteDelta", "SiteTransformed"]
@@ -40,8 +40,11 @@ class LatentSite:
     """A continuous latent site of the model as the prototype trace recorded it.
 
     ``shape`` is the value's shape in the prototype run (subsampled plates at their subsample
-    size); ``full_shape`` has subsampled plates at their full size. ``unconstrained_shape``
-    is ``full_shape`` mapped through ``biject_to(support).inverse_shape``.
+    size); ``full_shape`` has subsampled plates at their full size. ``transform`` maps
+    unconstrained values to the site's (``biject_to(support)``; for angles and directions
+    the point of the plane or space whose direction they are, as NUTS samples them:
+    :func:`~..angles.unconstraining_transform`), and ``unconstrained_shape`` is
+    ``full_shape`` mapped through its ``inverse_shape``.
 
     Example::
 
@@ -66,10 +69,13 @@ class LatentSite:
     support: constraints.Constraint
     frames: tuple[CondIndepStackFrame, ...]
     init_unconstrained: torch.Tensor  # full size
+    transform: Transform
 
     @property
-    def transform(self) -> Transform:
-        return biject_to(self.support)
+    def from_space(self) -> bool:
+        """Whether the site is an angle or direction of an unconstrained point (not a
+        bijection: its ``log_abs_det_jacobian`` is the point's radial density)."""
+        return isinstance(self.transform, UnitVectorFromSpace)
 
     @property
     def size(self) -> int:
@@ -249,13 +255,12 @@ class AutoGuide:
                 f"write a guide for it"
             )
         try:
-            transform = biject_to(support)
+            transform = unconstraining_transform(site.fn)
         except NotImplementedError:
             raise ValueError(
                 f"{type(self).__name__}: latent site {site.name!r} has the distribution "
                 f"{type(site.fn).__name__} with support {support}, which has no bijection "
-                f"to unconstrained space for an autoguide to work in: write a guide for it "
-                f"(NUTS samples such sites directly)"
+                f"to unconstrained space for an autoguide to work in: write a guide for it"
             ) from None
         value = site.value.detach()
         with torch.no_grad():
@@ -279,6 +284,7 @@ class AutoGuide:
             support=support,
             frames=frames,
             init_unconstrained=init.detach().clone(),
+            transform=transform,
         )
 
     def _check_prototype(self) -> None:

@@ -19,7 +19,7 @@ from torch.distributions import constraints
 
 from ...handlers import substitute, trace
 from ...primitives import sample
-from ...validation import enable_validation, is_validation_enabled, torch_validation
+from ...validation import enable_validation, innermost, is_validation_enabled, torch_validation
 from .base import AutoGuide, SiteDelta, as_quantiles, is_identity, run_in_plates
 
 __all__ = [
@@ -318,6 +318,19 @@ class AutoLaplaceApproximation(AutoContinuous):
         >>> round(float(laplace.get_posterior().covariance_matrix), 4)
         4.0
     """
+
+    def _check_prototype(self) -> None:
+        for site in self.latents.values():
+            if site.from_space:
+                raise ValueError(
+                    f"{type(self).__name__}: latent site {site.name!r} "
+                    f"({type(innermost(self.prototype_trace[site.name].fn)).__name__}) is an angle "
+                    f"or direction, which guides work with as the direction of an "
+                    f"unconstrained point under a Gaussian radius; that density's mode is "
+                    f"at the origin, where no direction is defined, so it has no Laplace "
+                    f"approximation. Use AutoMultivariateNormal or AutoNormal"
+                )
+        super()._check_prototype()
 
     def _param_specs(self):
         return {"loc": (self._init_loc, constraints.real)}

@@ -14,6 +14,7 @@ import torch
 from torch.distributions import constraints
 
 from ...primitives import sample
+from ..angles import AngleFromPlane
 from .base import (
     AutoGuide,
     LatentSite,
@@ -148,6 +149,16 @@ class AutoDelta(AutoGuide):
         >>> bool(guide.median(dict(store.items()))["rate"] > 0)
         True
     """
+
+    def _check_prototype(self) -> None:
+        for site in self.latents.values():
+            if site.from_space and not isinstance(site.transform, AngleFromPlane):
+                raise ValueError(
+                    f"{type(self).__name__}: latent site {site.name!r} lies on the sphere "
+                    f"(support {site.support}), which has no bijection to unconstrained "
+                    f"space for a point estimate's parameter: use AutoNormal, or write a "
+                    f"guide for it"
+                )
 
     def _param_specs(self):
         specs = {}
