@@ -1,6 +1,7 @@
 """Optimizers for SVI: thin factories over ``torch.optim``, with a functional update.
 
-``pt.optim.Adam(lr=1e-2)`` takes ``torch.optim.Adam``'s keyword arguments and is two things:
+``pt.optim.Adam(lr=1e-2)`` takes ``torch.optim.Adam``'s keyword arguments (or, as Pyro's,
+one dict of them: ``Adam({"lr": 1e-2})``) and is two things:
 
 * a factory: ``Adam(lr=1e-2)(params)`` builds the ``torch.optim.Adam`` for a list of
   tensors (for hand-written training loops);
@@ -57,7 +58,20 @@ class Optimizer:
 
     torch_class: type = torch.optim.Optimizer
 
-    def __init__(self, **kwargs):
+    def __init__(self, optim_args: dict | None = None, /, **kwargs):
+        if optim_args is not None:  # Pyro's form: Adam({"lr": 0.01})
+            if callable(optim_args) or not isinstance(optim_args, dict):
+                raise TypeError(
+                    f"{type(self).__name__} takes its arguments as keywords or as one dict "
+                    f"(Pyro's form), not {type(optim_args).__name__}: per-parameter "
+                    f"arguments (Pyro's callable) are not supported, since SVI updates "
+                    f"all parameters as one flat tensor"
+                )
+            both = sorted(set(optim_args) & set(kwargs))
+            if both:
+                name = type(self).__name__
+                raise TypeError(f"{name}: {both} given both in the dict and as keywords")
+            kwargs = {**optim_args, **kwargs}
         allowed = self._allowed_kwargs()
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
@@ -79,7 +93,8 @@ class Optimizer:
         return {
             name: p.default
             for name, p in signature.parameters.items()
-            if name not in ("self", "params") and name not in _IMPLEMENTATION_ARGS
+            if name not in ("self", "params")
+            and name not in _IMPLEMENTATION_ARGS
             and p.default is not inspect.Parameter.empty
         }
 

@@ -56,6 +56,19 @@ def test_unknown_argument_is_rejected():
         pt.optim.ClippedAdam(clip_norm=0.0)
 
 
+def test_pyros_dict_of_arguments_is_taken():
+    adam = pt.optim.Adam({"lr": 0.02, "betas": (0.8, 0.9)})
+    assert adam.lr == 0.02 and adam.hyper["betas"] == (0.8, 0.9)
+    assert repr(adam) == repr(pt.optim.Adam(lr=0.02, betas=(0.8, 0.9)))
+    assert pt.optim.ClippedAdam({"lr": 0.1}, clip_norm=5.0).hyper["clip_norm"] == 5.0
+    with pytest.raises(TypeError, match="per-parameter arguments .Pyro's callable. are not"):
+        pt.optim.Adam(lambda module_name, param_name: {"lr": 0.1})
+    with pytest.raises(TypeError, match=r"\['lr'\] given both"):
+        pt.optim.Adam({"lr": 0.1}, lr=0.2)
+    with pytest.raises(TypeError, match="unexpected keyword.*betaz"):
+        pt.optim.Adam({"lr": 0.1, "betaz": (0.9, 0.9)})
+
+
 def test_implementation_arguments_pass_through_to_torch():
     opt = pt.optim.Adam(lr=0.1, foreach=False)
     torch_opt = opt([torch.zeros(2, requires_grad=True)])
