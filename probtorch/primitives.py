@@ -15,7 +15,7 @@ from torch.distributions import constraints
 
 from .params import get_param_store
 from .runtime import CondIndepStackFrame, Message, Messenger, apply_stack, get_stack
-from .validation import readable
+from .validation import num_event_dims, readable
 
 __all__ = ["sample", "param", "plate", "deterministic", "factor", "module", "subsample"]
 
@@ -120,11 +120,13 @@ def _masked_observe(name, fn, obs, obs_mask, infer):
         )
     unobserved = sample(f"{name}_unobserved", fn, infer=infer)
     # The mask indexes batch elements; broadcast it over the event dims.
-    mask = obs_mask[(...,) + (None,) * fn.event_dim]
+    mask = obs_mask[(...,) + (None,) * num_event_dims(fn)]
     # Entries left out by the mask count for nothing; they are filled with the imputed
     # values so that any filler (NaN, as pandas gives) passes the support check.
     filled = torch.where(mask, obs, unobserved.detach().to(obs.dtype))
-    observed = sample(f"{name}_observed", fn.mask(obs_mask), obs=filled, infer=infer)
+    # Pyro's fn.mask(obs_mask), which torch's own distributions lack
+    masked = pyro_dist.torch_distribution.MaskedDistribution(fn, obs_mask)
+    observed = sample(f"{name}_observed", masked, obs=filled, infer=infer)
     # The combined value is recorded under ``name``, as in Pyro and NumPyro: in Predictive,
     # where observations are drawn anew, it is a replicate of the data.
     return deterministic(name, torch.where(mask, observed, unobserved))

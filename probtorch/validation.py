@@ -104,6 +104,17 @@ def innermost(fn):
     return fn
 
 
+def num_event_dims(fn) -> int:
+    """The number of event dimensions of ``fn``: Pyro's ``event_dim``, which torch's own
+    distributions lack (they have ``event_shape``).
+
+    >>> import torch.distributions as td
+    >>> num_event_dims(td.MultivariateNormal(torch.zeros(2), torch.eye(2)))
+    1
+    """
+    return len(fn.event_shape)
+
+
 def _unwrapped(fn):
     """The distribution and those inside it: wrappers (Independent, Expanded, Masked, ...)
     through ``base_dist``, and a mixture's mixing and component distributions."""

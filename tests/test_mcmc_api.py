@@ -351,6 +351,33 @@ def test_inference_data_dims_are_named_after_plates_and_masked_observations_left
     assert list(named.posterior["means"].coords["school"].values) == ["a", "b", "c"]
 
 
+def test_torch_distributions_export_and_predict():
+    """torch's own distributions have no ``event_dim`` (Pyro's): ``to_inference_data``,
+    ``Predictive`` and ``obs_mask`` read it, and failed with an AttributeError."""
+    import torch.distributions as td
+
+    from probtorch.inference import Predictive
+
+    y = _vector_data()[:, 0]
+    mask = torch.arange(8) != 3
+
+    def model(y):
+        mu = pt.sample("mu", td.Normal(0.0, 2.0))
+        w = pt.sample("w", td.MultivariateNormal(torch.zeros(2), torch.eye(2)))
+        with pt.plate("n", 8):
+            pt.sample("y", td.Normal(mu + 0.1 * w.sum(), 1.0), obs=y, obs_mask=mask)
+
+    mcmc = _mcmc(model, num_warmup=30, num_samples=20)
+    mcmc.run(y)
+    idata = mcmc.to_inference_data()
+    assert dict(idata.posterior["w"].sizes) == {"chain": 2, "draw": 20, "w_dim_0": 2}
+    assert dict(idata.posterior["y_unobserved"].sizes) == {"chain": 2, "draw": 20, "n": 8}
+    counted = {"chain": 2, "draw": 20, "y_observed_counted": 7}  # the masked entry left out
+    assert dict(idata.log_likelihood["y_observed"].sizes) == counted
+    predicted = Predictive(model, mcmc.get_samples())(y)
+    assert predicted["y"].shape == (40, 8)
+
+
 def test_log_likelihood_matches_scipy():
     y = _data(n=6)
     mcmc = _mcmc(normal_model, num_warmup=40, num_samples=25)
@@ -400,6 +427,27 @@ def test_continue_from_last_state_skips_warmup(kernel, options, monkeypatch):
     torch.testing.assert_close(mcmc.last_state.step_size, adapted_step, rtol=0, atol=0)
     torch.testing.assert_close(mcmc.last_state.inverse_mass, first.inverse_mass, rtol=0, atol=0)
     assert mcmc.get_samples(group_by_chain=True)["loc"].shape == (2, 30, 3)
+
+
+def test_a_new_mcmc_continues_a_state_set_on_it(monkeypatch):
+    """A state from another MCMC (say, saved and loaded in a new process) set as a new
+    MCMC's post_warmup_state: sampled on without warmup (an AttributeError before: the
+    new kernel had no potential to compare arguments with)."""
+    y = _vector_data()
+    first = _mcmc(num_warmup=80, num_samples=10)
+    first.run(y)
+    second = _mcmc(num_warmup=80, num_samples=30, seed=1)
+    second.post_warmup_state = first.last_state
+    calls = _segments(monkeypatch, second.kernel)
+    second.run(y, extra_fields=("step_size",))
+    assert calls == [(30, False)]
+    step = second.get_extra_fields(group_by_chain=True)["step_size"]
+    torch.testing.assert_close(step, first.last_state.step_size.unsqueeze(1).expand(2, 30))
+    wrong = _mcmc(num_chains=3)
+    wrong.post_warmup_state = first.last_state
+    with pytest.raises(ValueError, match="post_warmup_state has 2 chains but this MCMC runs "
+                       "num_chains=3"):  # fmt: skip
+        wrong.run(y)
 
 
 @pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
@@ -782,8 +830,12 @@ def test_unknown_kernel_option_is_named_with_the_closest_one(kernel, option, hin
 
 def test_unknown_extra_field():
     mcmc = _mcmc(num_warmup=5, num_samples=5)
+    mcmc.run(_vector_data(), extra_fields=("step_size",))
     with pytest.raises(ValueError, match="bogus"):
         mcmc.run(_vector_data(), extra_fields=("accept_prob", "bogus"))
+    # refused before anything changed: the last run's results are all still there
+    assert set(mcmc.get_extra_fields()) == {"diverging", "step_size"}
+    assert mcmc.get_samples()["loc"].shape == (10, 3)
 
 
 def _weighted(y, weights):
@@ -995,8 +1047,14 @@ def standard_normal(dim):
 def test_without_warmup_the_chains_run_at_the_given_step_size(kernel):
     # the step-size heuristic ran at set-up even without warmup, and its step size (4.0 on
     # a standard normal) was kept for the whole run: hundreds of divergences
-    mcmc = MCMC(kernel(standard_normal(2), step_size=0.5, compile=False), num_warmup=0,
-                num_samples=20, num_chains=2, progress_bar=False, seed=0)
+    mcmc = MCMC(
+        kernel(standard_normal(2), step_size=0.5, compile=False),
+        num_warmup=0,
+        num_samples=20,
+        num_chains=2,
+        progress_bar=False,
+        seed=0,
+    )
     mcmc.run(extra_fields=("step_size",))
     assert torch.equal(mcmc.get_extra_fields()["step_size"], torch.full((40,), 0.5))
     assert torch.equal(mcmc.last_state.step_size, torch.full((2,), 0.5))

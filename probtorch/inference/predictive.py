@@ -34,6 +34,7 @@ from .._caller import warn_at_caller
 from ..handlers import Trace, seed, substitute, trace
 from ..primitives import plate
 from ..runtime import Message, Messenger
+from ..validation import num_event_dims
 from .autoguide.base import AutoGuide
 
 __all__ = ["Predictive"]
@@ -54,7 +55,7 @@ class _uncondition(Messenger):
         obs = msg.value
         if isinstance(obs, torch.Tensor):
             fn = msg.fn
-            obs_batch = obs.shape[: max(obs.dim() - fn.event_dim, 0)]
+            obs_batch = obs.shape[: max(obs.dim() - num_event_dims(fn), 0)]
             try:
                 batch_shape = torch.broadcast_shapes(obs_batch, fn.batch_shape)
             except RuntimeError:
@@ -70,7 +71,7 @@ def _is_latent(site: Message) -> bool:
 
 
 def _batch_ndim(site: Message) -> int:
-    return site.value.dim() - site.fn.event_dim
+    return site.value.dim() - num_event_dims(site.fn)
 
 
 def _max_plate_nesting(tr: Trace) -> int:

@@ -28,7 +28,7 @@ from ...handlers import Trace, block, seed, substitute, trace
 from ...params import ParamStore, param_scope
 from ...primitives import param, plate
 from ...runtime import CondIndepStackFrame, Message
-from ...validation import torch_validation
+from ...validation import num_event_dims, torch_validation
 from ..angles import UnitVectorFromSpace, unconstraining_transform
 from ..init_strategies import init_to_median
 
@@ -265,7 +265,7 @@ class AutoGuide:
         value = site.value.detach()
         with torch.no_grad():
             init = transform.inv(value)
-        event_dim = site.fn.event_dim
+        event_dim = num_event_dims(site.fn)
         unconstrained_event_dim = event_dim + init.dim() - value.dim()
         full_shape = list(value.shape)
         for frame in site.cond_indep_stack:

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from scipy import stats as scipy_stats
 
+from ...validation import num_event_dims
+
 __all__ = ["summary_table", "to_inference_data", "site_dims", "split_rank_rhat"]
 
 # ArviZ's names for the sample statistics.
@@ -106,7 +108,7 @@ def site_dims(site) -> list[str]:
     """ArviZ dim names for a site's value: the enclosing plate's name for a batch dim that a
     plate spans (at its size), ``{site}_dim_{i}`` (ArviZ's default) for the others."""
     shape = tuple(site.value.shape)
-    event_dim = site.fn.event_dim if site.type == "sample" and site.fn is not None else 0
+    event_dim = num_event_dims(site.fn) if site.type == "sample" and site.fn is not None else 0
     batch_ndim = len(shape) - event_dim
     plates = {frame.dim: frame for frame in site.cond_indep_stack}
     dims = []
@@ -121,7 +123,7 @@ def site_dims(site) -> list[str]:
 def _counted(site) -> torch.Tensor | None:
     """Where a site's observations count (its batch shape), if a mask leaves some out: the
     site's ``mask`` handler and a masked distribution (``fn.mask(m)``, ``obs_mask``)."""
-    batch_shape = site.value.shape[: site.value.dim() - site.fn.event_dim]
+    batch_shape = site.value.shape[: site.value.dim() - num_event_dims(site.fn)]
     counted = torch.ones(batch_shape, dtype=torch.bool, device=site.value.device)
     for mask in (site.mask, getattr(site.fn, "_mask", None)):
         if mask is False:
@@ -192,7 +194,7 @@ def to_inference_data(
     counted = {name: _counted(site) for name, site in observed_sites.items()}
     observed, observed_dims, pointwise_dims = {}, {}, {}
     for name, site in observed_sites.items():
-        value, batch_ndim = site.value, site.value.dim() - site.fn.event_dim
+        value, batch_ndim = site.value, site.value.dim() - num_event_dims(site.fn)
         names = site_dim_names[name]
         if counted[name] is not None:
             value = value[counted[name]]

@@ -180,12 +180,13 @@ class MCMC:
     def _run(
         self, args, kwargs, init_params, extra_fields, warmup_only=False, collect_warmup=False
     ) -> None:
-        self._extra_fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
-        unknown = set(self._extra_fields) - set(STAT_NAMES)
-        if unknown:
+        fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
+        unknown = set(fields) - set(STAT_NAMES)
+        if unknown:  # refused before anything changes: the last run's results stay
             raise ValueError(
                 f"unknown extra_fields {sorted(unknown)}; available: {list(STAT_NAMES)}"
             )
+        self._extra_fields = fields
         self._model_args, self._model_kwargs = args, kwargs
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31, ()).item())
         given = self.post_warmup_state
@@ -542,9 +543,11 @@ def _interrupt_note(phase: str, draws: torch.Tensor) -> str:
 
 
 def _same_args(potential, args, kwargs) -> bool:
-    """The same argument objects as the potential's, none changed in place since."""
+    """The same argument objects as the potential's, none changed in place since (False
+    where the kernel has no potential yet: a state set on a new MCMC)."""
     return (
-        len(args) == len(potential.model_args)
+        potential is not None
+        and len(args) == len(potential.model_args)
         and all(a is b for a, b in zip(args, potential.model_args))
         and kwargs.keys() == potential.model_kwargs.keys()
         and all(kwargs[k] is potential.model_kwargs[k] for k in kwargs)
