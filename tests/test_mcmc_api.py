@@ -812,6 +812,38 @@ def test_invalid_mcmc_arguments(kwargs):
         MCMC(NUTS(vector_model, compile=False), progress_bar=False, **args)
 
 
+def test_arguments_a_numpyro_or_pyro_user_might_pass():
+    kernel = NUTS(vector_model, compile=False)
+    with pytest.raises(ValueError, match="thinning=5 keeps every 5th of num_samples=3 draws"):
+        MCMC(kernel, num_warmup=10, num_samples=3, thinning=5)
+    with pytest.raises(TypeError, match="takes a kernel, e.g. MCMC.NUTS.model.*'vector_model'"):
+        MCMC(vector_model, num_warmup=10, num_samples=10)
+    with pytest.raises(TypeError, match="seed must be an integer, got 1.5"):
+        MCMC(kernel, num_warmup=10, num_samples=10, seed=1.5)
+    with pytest.raises(TypeError, match="NumPyro's .warmup, sampling. pair is not supported"):
+        NUTS(vector_model, max_tree_depth=(8, 10))
+    numpy_seeded = MCMC(kernel, num_warmup=10, num_samples=10, seed=np.int64(3), progress_bar=False)
+    numpy_seeded.run(_vector_data())
+    assert numpy_seeded.seed == 3 and type(numpy_seeded.seed) is int
+
+
+def test_draws_handed_out_are_copies():
+    vector_run = _mcmc(num_warmup=10, num_samples=10)
+    vector_run.run(_vector_data(), extra_fields=("step_size",))
+    for grouped in (False, True):
+        samples = vector_run.get_samples(group_by_chain=grouped)
+        fields = vector_run.get_extra_fields(group_by_chain=grouped)
+        kept = {k: v.clone() for k, v in samples.items()}
+        for v in samples.values():
+            v.add_(100)  # as `s["mu"] -= m` does
+        for v in fields.values():
+            v.logical_not_() if v.dtype == torch.bool else v.add_(100)
+        again = vector_run.get_samples(group_by_chain=grouped)
+        assert all(torch.equal(again[k], kept[k]) for k in kept)
+        assert not bool(vector_run.get_extra_fields()["diverging"].all())
+        assert float(vector_run.get_extra_fields()["step_size"].max()) < 100
+
+
 @pytest.mark.parametrize(
     "kernel, option, hint",
     [

@@ -545,6 +545,11 @@ class NUTS(_HamiltonianKernel):
                 f"executor must be 'quick', 'lean', 'auto' or 'split', got {executor!r}"
             )
         self.executor = executor
+        if isinstance(max_tree_depth, (tuple, list)):
+            raise TypeError(
+                f"max_tree_depth must be one integer, got {max_tree_depth!r}: NumPyro's "
+                f"(warmup, sampling) pair is not supported"
+            )
         if not 1 <= max_tree_depth <= 20:
             raise ValueError(f"max_tree_depth must lie in [1, 20], got {max_tree_depth}")
         if block_size < 1:

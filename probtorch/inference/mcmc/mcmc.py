@@ -8,6 +8,7 @@ ArviZ.
 from __future__ import annotations
 
 import hashlib
+import operator
 
 import torch
 
@@ -73,10 +74,25 @@ class MCMC:
             raise ValueError(
                 f"need num_chains >= 1 and thinning >= 1, got {num_chains}, {thinning}"
             )
+        if thinning > num_samples:
+            raise ValueError(
+                f"thinning={thinning} keeps every {thinning}th of num_samples={num_samples} "
+                f"draws per chain: none (num_samples counts the draws before thinning)"
+            )
         if chain_method not in ("vectorized", "sequential"):
             raise ValueError(
                 f"chain_method must be 'vectorized' or 'sequential', got {chain_method!r}"
             )
+        if not (hasattr(kernel, "setup") and hasattr(kernel, "run_segment")):
+            what = getattr(kernel, "__name__", type(kernel).__name__)
+            raise TypeError(
+                f"MCMC takes a kernel, e.g. MCMC(NUTS(model), ...) or HMC(model), not {what!r}"
+            )
+        if seed is not None:
+            try:
+                seed = operator.index(seed)  # Python and NumPy integers
+            except TypeError:
+                raise TypeError(f"seed must be an integer, got {seed!r}") from None
         self.kernel = kernel
         self.num_warmup = int(num_warmup)
         self.num_samples = int(num_samples)
@@ -378,19 +394,22 @@ class MCMC:
             raise RuntimeError("call .run(...) first")
 
     def get_samples(self, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
-        """Draws per site (latent and deterministic), ``(C * S, ...)`` or ``(C, S, ...)``."""
+        """Draws per site (latent and deterministic), ``(C * S, ...)`` or ``(C, S, ...)``:
+        copies, so that changing them in place (``s["mu"] -= m``) leaves the run's own
+        draws, summaries and exports as they were."""
         self._require_run()
         if group_by_chain:
-            return dict(self._samples)
-        return {k: v.reshape((-1,) + v.shape[2:]) for k, v in self._samples.items()}
+            return {k: v.clone() for k, v in self._samples.items()}
+        return {k: v.flatten(0, 1).clone() for k, v in self._samples.items()}
 
     def get_extra_fields(self, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
-        """Per-draw statistics named in ``run(extra_fields=...)``, plus ``diverging``."""
+        """Per-draw statistics named in ``run(extra_fields=...)``, plus ``diverging``
+        (copies, as :meth:`get_samples`'s)."""
         self._require_run()
         fields = {k: self._stats[k] for k in self._extra_fields}
         if group_by_chain:
-            return fields
-        return {k: v.reshape(-1) for k, v in fields.items()}
+            return {k: v.clone() for k, v in fields.items()}
+        return {k: v.flatten().clone() for k, v in fields.items()}
 
     def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = False) -> None:
         """Mean, sd, quantiles, bulk ESS and R-hat per scalar, and the divergence count;
