@@ -349,6 +349,13 @@ def test_inference_data_dims_are_named_after_plates_and_masked_observations_left
     # user dims and coords win over the plate names
     named = mcmc.to_inference_data(coords={"school": ["a", "b", "c"]}, dims={"means": ["school"]})
     assert list(named.posterior["means"].coords["school"].values) == ["a", "b", "c"]
+    # draws that are not the posterior's are kept as one chain, with a warning (as ArviZ's)
+    fewer = Predictive(_grouped, {k: v[:50] for k, v in samples.items()})(group, seed=0)
+    with pytest.warns(UserWarning, match=r"posterior_predictive\['y'\] has shape \(50, 7\), "
+                      r"which is neither \(60, ...\) nor \(2, 30, ...\)") as caught:  # fmt: skip
+        apart = mcmc.to_inference_data(posterior_predictive=fewer)
+    assert caught[0].filename == __file__
+    assert apart.posterior_predictive["y"].shape == (1, 50, 7)
 
 
 def test_torch_distributions_export_and_predict():

@@ -229,6 +229,19 @@ def test_errors():
         Predictive(model, num_samples=3, parallel="yes")
 
 
+def test_draws_grouped_by_chain_without_batch_ndims_are_named():
+    """(chains, draws) samples read as chains draws of shape (draws,): the model failed
+    with a bare broadcasting error (or, where the sizes happened to broadcast, ran)."""
+    grouped = {"mu": torch.zeros(3, 30)}
+    said = r"\['mu'\]: each of the 3 draws has shape \(30,\), but site 'mu' \(Normal\) has "
+    with pytest.raises(ValueError, match=said + r"shape \(\).*batch_ndims=2"):
+        Predictive(model, grouped)(30)  # 30 data points: would have broadcast
+    with pytest.raises(ValueError, match=r"'w'.*shape \(3,\), but site 'w' .*has shape \(2,\)"):
+        Predictive(hierarchical, {"w": torch.zeros(5, 3)})(4, 2)
+    out = Predictive(model, grouped, batch_ndims=2)(4, seed=0)
+    assert out["y"].shape == (3, 30, 4)
+
+
 def test_num_samples_other_than_the_draws_warns_and_uses_the_draws():
     """As in Pyro and NumPyro: the draws decide, with a warning."""
     with pytest.warns(UserWarning, match="num_samples=5 but posterior_samples hold 3 draws"):

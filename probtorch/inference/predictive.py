@@ -66,6 +66,40 @@ class _uncondition(Messenger):
         msg.is_observed = False
 
 
+class _check_draw_shapes(Messenger):
+    """Name a posterior draw whose shape is not its site's in the model (before the model
+    fails further on with a bare broadcasting error)."""
+
+    def __init__(self, fn, draws: dict, sample_shape: tuple, batch_ndims: int):
+        super().__init__(fn)
+        self.draws, self.sample_shape, self.batch_ndims = draws, sample_shape, batch_ndims
+
+    def postprocess_message(self, msg: Message) -> None:
+        if msg.type != "sample" or msg.name not in self.draws or msg.is_observed:
+            return
+        value, fn = self.draws[msg.name], msg.fn
+        expected = tuple(fn.batch_shape + fn.event_shape)
+        try:
+            fits = torch.broadcast_shapes(value.shape, expected) == expected
+        except RuntimeError:
+            fits = False
+        if fits:
+            return
+        hint = ""
+        if self.batch_ndims == 1 and value.dim() > len(expected) and len(self.sample_shape) == 1:
+            hint = (
+                " If the draws are grouped by chain (MCMC.get_samples(group_by_chain=True): "
+                "(chains, draws, ...)), pass batch_ndims=2, or take get_samples() without "
+                "group_by_chain"
+            )
+        lead = "x".join(str(n) for n in self.sample_shape)
+        raise ValueError(
+            f"posterior_samples[{msg.name!r}]: each of the {lead} draws has shape "
+            f"{tuple(value.shape)}, but site {msg.name!r} ({type(fn).__name__}) has shape "
+            f"{expected} in the model with these arguments.{hint}"
+        )
+
+
 def _is_latent(site: Message) -> bool:
     return site.type == "sample" and not site.is_observed and not site.infer.get("is_auxiliary")
 
@@ -244,7 +278,10 @@ class Predictive:
         if self.params is not None:
             model = substitute(model, data=self.params)
         first = {name: value[0] for name, value in samples.items()}
-        proto = trace(substitute(model, data=first)).get_trace(*args, **kwargs)
+        checked = _check_draw_shapes(model, first, self._sample_shape, self.batch_ndims)
+        if self.posterior_samples is None:  # the guide's draws: shaped by the model's sites
+            checked = model
+        proto = trace(substitute(checked, data=first)).get_trace(*args, **kwargs)
         names = self._return_names(proto, samples)
         return _run(model, samples, self.num_samples, proto, names, self.parallel, args, kwargs)
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from scipy import stats as scipy_stats
 
+from ..._caller import warn_at_caller
 from ...validation import num_event_dims
 
 __all__ = ["summary_table", "to_inference_data", "site_dims", "split_rank_rhat"]
@@ -133,13 +134,20 @@ def _counted(site) -> torch.Tensor | None:
     return None if bool(counted.all()) else counted
 
 
-def _chains_and_draws(value: torch.Tensor, chains: int, draws: int) -> np.ndarray:
+def _chains_and_draws(value: torch.Tensor, chains: int, draws: int, name: str) -> np.ndarray:
     """Draws ``(chains * draws, ...)`` or ``(chains, draws, ...)`` as ``(chains, draws, ...)``;
-    any other leading size ``n`` as one chain, ``(1, n, ...)``."""
+    any other leading size ``n`` as one chain, ``(1, n, ...)``, with a warning (as ArviZ's
+    converters): its draws are not the posterior's."""
     if value.shape[0] == chains * draws:
         return _numpy(value.reshape((chains, draws) + value.shape[1:]))
     if value.dim() >= 2 and tuple(value.shape[:2]) == (chains, draws):
         return _numpy(value)
+    warn_at_caller(
+        f"posterior_predictive[{name!r}] has shape {tuple(value.shape)}, which is neither "
+        f"({chains * draws}, ...) nor ({chains}, {draws}, ...) for the posterior's {chains} "
+        f"chains of {draws} draws: stored as one chain of {value.shape[0]} draws, not "
+        f"matched to the posterior's"
+    )
     return _numpy(value)[None]
 
 
@@ -225,7 +233,7 @@ def to_inference_data(
         }
 
     if posterior_predictive:
-        values = {k: _chains_and_draws(v, C, S) for k, v in posterior_predictive.items()}
+        values = {k: _chains_and_draws(v, C, S, k) for k, v in posterior_predictive.items()}
         groups["posterior_predictive"] = dataset(counted_only(values), None, observed_dims)
     if prior:
         values = {k: _numpy(v)[None] for k, v in prior.items()}
