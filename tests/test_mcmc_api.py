@@ -1247,6 +1247,34 @@ def test_progress_bar_shows_step_size_and_divergences():
         bar(3, torch.tensor([0.5, 0.25]), 2)
         assert bar.bar.desc.removesuffix(": ") == "warmup" and bar.bar.n == 3
         assert bar.bar.postfix == "divergences=2, step_size=5.00e-01, 2.50e-01"
+        bar(4, torch.tensor([0.5, 0.25]), 1)  # the next block (of this or the next window)
+        assert bar.bar.n == 7 and bar.bar.postfix.startswith("divergences=3,")
+
+
+def test_the_progress_bar_counts_the_phases_divergences_over_its_windows(monkeypatch):
+    """The warmup's adaptation windows are segments of their own: the bar's count went
+    back to the window's own at each one (the README says: the divergences so far)."""
+    from probtorch.inference.mcmc import mcmc as mcmc_module
+
+    shown = []
+    call = mcmc_module._progress.__call__
+
+    def spy(self, n, step_size, divergences):
+        call(self, n, step_size, divergences)
+        shown.append((self.phase, self.divergences))
+
+    monkeypatch.setattr(mcmc_module._progress, "__call__", spy)
+
+    def walled():  # a steep wall: trajectories that hit it diverge, in every window
+        x = pt.sample("x", dist.Normal(0.0, 1.0))
+        pt.factor("wall", -1e4 * torch.relu(x - 1.0) ** 2)
+
+    mcmc = MCMC(NUTS(walled, compile=False, max_tree_depth=4), num_warmup=150,
+                num_samples=10, num_chains=2, progress_bar=False, seed=0)  # fmt: skip
+    mcmc.warmup(collect_warmup=True)
+    warmup = [count for phase, count in shown if phase == "warmup"]
+    assert warmup == sorted(warmup)  # never goes back
+    assert warmup[-1] == int(mcmc.get_extra_fields()["diverging"].sum()) > 0
 
 
 # -- structured dense mass --------------------------------------------------------------------

@@ -400,7 +400,8 @@ class _HamiltonianKernel:
 
         The step size follows dual averaging when ``adapt_step_size``; draws feed the
         mass-matrix estimate when ``collect_mass`` (from each block's draws).
-        ``progress(n, step_size, divergences)`` is called after each block, and
+        ``progress(n, step_size, divergences)`` is called after each block with its
+        transitions and divergences (the caller keeps the phase's totals), and
         ``progress.compiling()``, where it has one, before a first block that compiles the
         sampler. On KeyboardInterrupt the transitions finished so far are kept (the ones in
         progress are dropped) and chains are cut to the shortest.
@@ -409,7 +410,7 @@ class _HamiltonianKernel:
         T, device = self.block_size, state.z.device
         draws = state.z.new_empty(C, num_transitions, D)
         stats = empty_stats(state.z, num_transitions)
-        filled, reported, divergences = [0] * C, 0, 0
+        filled, reported = [0] * C, 0
         remaining = torch.full((C,), num_transitions, dtype=torch.int64, device=device)
         flags = (torch.tensor(bool(adapt_step_size), device=device),)
         interrupted = False
@@ -444,8 +445,8 @@ class _HamiltonianKernel:
                 if loop.interrupted:
                     raise KeyboardInterrupt  # the finished transitions above are kept
                 remaining = remaining - block.t
-                divergences += int(block.out.diverging[:, :T].sum())
                 if progress is not None:
+                    divergences = int(block.out.diverging[:, :T].sum())
                     progress(min(filled) - reported, state.step_size, divergences)
                     reported = min(filled)
         except KeyboardInterrupt:

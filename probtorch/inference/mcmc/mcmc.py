@@ -590,13 +590,15 @@ def _cat_chains(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 class _progress:
-    """A tqdm bar for one phase, called with the number of transitions just completed;
+    """A tqdm bar for one phase, called with the number of transitions just completed and
+    their divergences (it shows the phase's total, over all of its adaptation windows);
     :meth:`compiling` says in it that the sampler is being compiled, until the first
     transitions are reported."""
 
     def __init__(self, phase: str, total: int, enabled: bool):
         self.phase, self.total, self.enabled = phase, total, enabled
         self._compiling = False
+        self.divergences = 0
 
     def __enter__(self):
         from tqdm.auto import tqdm
@@ -613,6 +615,8 @@ class _progress:
         if self._compiling:
             self.bar.set_description(self.phase, refresh=False)
             self._compiling = False
+        self.divergences += divergences
+        divergences = self.divergences
         if self.enabled:
             values = step_size.tolist()
             shown = ", ".join(f"{v:.2e}" for v in values[:4]) + (" ..." if len(values) > 4 else "")
