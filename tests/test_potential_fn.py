@@ -215,6 +215,16 @@ def test_bad_starts_are_blamed_on_their_own_site():
     with pytest.raises(ValueError, match=r"init_params\['s'\] \(chain 0\) lies outside the "
                        r"support of site 's' \(HalfNormal"):  # fmt: skip
         _run(NUTS(_regression, compile=False), {"beta": torch.zeros(3), "s": -1.0}, 2, X, y)
+    # on its support's boundary (HalfNormal's is [0, inf)) or NaN: said so, at the site
+    # (the boundary was blamed on site 'y', NaN was "outside the support")
+    for start, match in [
+        ({"beta": torch.zeros(3), "s": 0.0}, r"init_params\['s'\] \(chain 0\) lies on the "
+         r"boundary of the support of site 's' \(HalfNormal.*start inside it"),
+        ({"beta": torch.tensor([0.0, float("nan"), 0.0]), "s": 1.0},
+         r"init_params\['beta'\] \(chain 0\) is NaN \(site 'beta'"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            _run(NUTS(_regression, compile=False), start, 2, X, y)
     for values, match in [
         ({"beta": torch.ones(2)}, r"values\['beta'\] has shape \(2,\); site 'beta' .*\(3,\)"),
         ({"s": torch.tensor(-1.0)}, r"values\['s'\] lies outside the support .* site 's'"),

@@ -714,10 +714,21 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
             # checked as each site is reached: a start outside its support would otherwise
             # fail a later site that uses it (a negative scale), which the error would name
             value = start.get(site.name)
-            if value is not None and not bool(site.fn.support.check(value).all()):
+            if value is None:
+                return None
+            where = f"init_params[{site.name!r}] (chain {chain})"
+            family = f"{type(site.fn).__name__}, support {site.fn.support}"
+            if bool(torch.isnan(value).any()):
+                raise ValueError(f"{where} is NaN (site {site.name!r}: {family})")
+            if not bool(site.fn.support.check(value).all()):
                 raise ValueError(
-                    f"init_params[{site.name!r}] (chain {chain}) lies outside the support of "
-                    f"site {site.name!r} ({type(site.fn).__name__}, support {site.fn.support})"
+                    f"{where} lies outside the support of site {site.name!r} ({family})"
+                )
+            # on the support's boundary (0 for a nonnegative site): no unconstrained value
+            if not bool(torch.isfinite(unconstraining_transform(site.fn).inv(value)).all()):
+                raise ValueError(
+                    f"{where} lies on the boundary of the support of site {site.name!r} "
+                    f"({family}), where its unconstrained value is infinite: start inside it"
                 )
             return value
 
@@ -725,7 +736,7 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
             potential.model, potential.model_args, potential.model_kwargs, 0,
             substitute_fn=checked,
         )  # fmt: skip
-        rows.append(_pack_trace(potential, tr))  # a start on a boundary: _check_finite
+        rows.append(_pack_trace(potential, tr))
     return torch.stack(rows).detach()
 
 
