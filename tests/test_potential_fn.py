@@ -262,3 +262,26 @@ def test_init_params_while_continuing_is_an_error():
         mcmc.run(init_params=_init(4))
     mcmc.post_warmup_state = None
     mcmc.run(init_params=_init(4))
+
+
+def test_a_failing_potential_fn_is_told_what_it_was_called_with():
+    """A dict-reading function given one tensor (NumPyro's form), or per-chain starts read
+    as chains of smaller values: the function's own error now says what it was called with."""
+
+    def reads_a_dict(values):
+        return sum((values[k] ** 2).sum() for k in values.keys())
+
+    with pytest.raises(AttributeError, match="keys") as caught:
+        _run(NUTS(potential_fn=reads_a_dict, compile=False), torch.zeros(3), 1)
+    assert any("init_params was one tensor" in note for note in caught.value.__notes__)
+
+    def quadratic_form(values):
+        return values["x"] @ torch.eye(2) @ values["x"]
+
+    with pytest.raises(RuntimeError) as caught:
+        _run(NUTS(potential_fn=quadratic_form, compile=False), {"x": torch.zeros(2)}, 2)
+    assert any(
+        "with num_chains=2, each init_params value has a leading chain dimension (given: "
+        "{'x': (2,)})" in note
+        for note in caught.value.__notes__
+    )

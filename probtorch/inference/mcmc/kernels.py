@@ -107,6 +107,23 @@ def empty_stats(z: torch.Tensor, n: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
+def _potential_fn_call_note(init_params, num_chains: int) -> str:
+    """What a ``potential_fn`` kernel called the function with, for a failure in it."""
+    if isinstance(init_params, torch.Tensor):
+        return (
+            "init_params was one tensor, so potential_fn was called with one tensor "
+            "(NumPyro's form); pass a dict {name: tensor} to have it called with a dict"
+        )
+    shapes = {k: tuple(torch.as_tensor(v).shape) for k, v in dict(init_params or {}).items()}
+    if num_chains == 1:
+        return f"potential_fn was called with a dict of tensors shaped as init_params: {shapes}"
+    return (
+        f"potential_fn was called with one chain's values: with num_chains={num_chains}, "
+        f"each init_params value has a leading chain dimension (given: {shapes}), which the "
+        f"function does not see"
+    )
+
+
 class SamplerState(NamedTuple):
     """Where each chain is and how it moves (step size and metric), batched over chains."""
 
@@ -295,22 +312,27 @@ class _HamiltonianKernel:
         """The chains' first state. ``find_step_size=False`` keeps the kernel's
         ``step_size`` instead of running the step-size heuristic (MCMC passes it for a run
         without warmup, which adapts nothing)."""
-        model = self.model
+        model, given = self.model, init_params
         if self.potential_fn is not None:
             potential_fn, init_params = named_potential_fn(self.potential_fn, init_params)
             model = model_from_potential_fn(
                 potential_fn, init_params, num_chains, model_args, model_kwargs
             )
-        potential, z0 = initialize_model(
-            model,
-            model_args,
-            model_kwargs,
-            num_chains=num_chains,
-            init_strategy=self.init_strategy,
-            init_params=init_params,
-            rng_seed=rng_seed,
-            compile=self.compile,
-        )
+        try:
+            potential, z0 = initialize_model(
+                model,
+                model_args,
+                model_kwargs,
+                num_chains=num_chains,
+                init_strategy=self.init_strategy,
+                init_params=init_params,
+                rng_seed=rng_seed,
+                compile=self.compile,
+            )
+        except Exception as error:
+            if self.potential_fn is not None:
+                error.add_note(_potential_fn_call_note(given, num_chains))
+            raise
         self.potential = potential
         self._mass_mask = block_mass_mask(potential, self.mass_blocks)
         self._build(potential)
