@@ -199,9 +199,16 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
         return
     valid = support.check(value)
     if not bool(torch.all(valid)):
+        missing = ""
+        if value.is_floating_point() and bool(torch.isnan(value).any()):
+            missing = (
+                f" ({int(torch.isnan(value).sum())} NaN entries: for missing data pass "
+                f"obs_mask=~torch.isnan(y) to pt.sample, which imputes them; under "
+                f"pt.handlers.mask a NaN still makes the gradient NaN)"
+            )
         raise ObservationOutsideSupportError(
             f"sample site {name!r}: observed value lies outside the support {support} of "
-            f"{type(fn).__name__}: {_describe(value, valid)}"
+            f"{type(fn).__name__}: {_describe(value, valid)}{missing}"
         )
 
 

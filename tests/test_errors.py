@@ -243,6 +243,10 @@ def test_observed_value_outside_support():
     assert "the same at two random initial points" in "\n".join(raised.value.__notes__)
     with pytest.raises(ValueError, match=r"'counts'.*outside the support.*\[2\.5\]"):
         run_traced(model, torch.tensor([1.0, 2.5, 4.0]))
+    # missing data as NaN, masked or not: the way to pass it is named
+    nan = torch.tensor([1.0, float("nan"), 4.0])
+    with pytest.raises(ValueError, match=r"1 NaN entries: for missing data pass obs_mask"):
+        run_traced(pt.handlers.mask(model, mask=~torch.isnan(nan)), nan)
 
 
 def _bounded_by_a_latent(y):
