@@ -1440,3 +1440,13 @@ def test_a_module_with_trainable_parameters_is_a_constant_of_the_compiled_sample
         draws.append(mcmc.get_samples()["w"])
     torch.testing.assert_close(draws[0], draws[1], rtol=1e-10, atol=1e-10)
     assert feature.weight.requires_grad and float(feature.weight.detach()) == 2.0
+
+
+def test_hmc_reports_no_tree_depth():
+    """HMC builds no trees: its tree_depth was 0 in every draw's statistics."""
+    mcmc = _mcmc(kernel=HMC, num_warmup=10, num_samples=10, num_steps=3)
+    with pytest.raises(ValueError, match="tree_depth is NUTS's; HMC builds no trees"):
+        mcmc.run(_vector_data(), extra_fields=("tree_depth",))
+    mcmc.run(_vector_data(), extra_fields=("num_steps", "accept_prob"))
+    stats = mcmc.to_inference_data().sample_stats
+    assert "tree_depth" not in stats and {"n_steps", "acceptance_rate"} <= set(stats)

@@ -202,6 +202,11 @@ class MCMC:
             raise ValueError(
                 f"unknown extra_fields {sorted(unknown)}; available: {list(STAT_NAMES)}"
             )
+        if "tree_depth" in fields and not hasattr(self.kernel, "max_tree_depth"):
+            raise ValueError(
+                f"extra_fields: tree_depth is NUTS's; {type(self.kernel).__name__} builds no "
+                f"trees (num_steps counts its leapfrog steps)"
+            )
         self._extra_fields = fields
         self._model_args, self._model_kwargs = args, kwargs
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31, ()).item())
@@ -464,10 +469,13 @@ class MCMC:
             {'chain': 2, 'draw': 50, 'obs': 4}
         """
         self._require_run()
+        stats = self._stats
+        if not hasattr(self.kernel, "max_tree_depth"):  # HMC builds no trees
+            stats = {k: v for k, v in stats.items() if k != "tree_depth"}
         return to_inference_data(
             self.kernel.potential,
             self._samples,
-            self._stats,
+            stats,
             posterior_predictive=posterior_predictive,
             prior=prior,
             coords=coords,
