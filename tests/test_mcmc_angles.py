@@ -67,8 +67,6 @@ def test_a_density_computed_in_another_dtype_is_the_latent_values_dtype():
     potential = Potential(lambda: torus(torch.float32), compile=False)
     value, grad = potential.value_and_grad(torch.randn(2, potential.dim, dtype=torch.float32))
     assert potential.dtype == value.dtype == grad.dtype == potential(grad).dtype == torch.float32
-    draws = _torus_run(False, torch.float32)
-    assert draws.dtype == torch.float32 and draws.shape == (80, 2)
 
 
 CONCENTRATION = torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64)
@@ -112,7 +110,7 @@ def torus(dtype=torch.float32):
 
 
 def _torus_run(compile, dtype=torch.float32):
-    mcmc = MCMC(NUTS(torus, compile=compile), num_warmup=40, num_samples=40, num_chains=2,
+    mcmc = MCMC(NUTS(torus, compile=compile), num_warmup=20, num_samples=20, num_chains=2,
                 progress_bar=False, seed=3)  # fmt: skip
     mcmc.run(dtype)
     return mcmc.get_samples()["angles"]
@@ -133,7 +131,7 @@ def test_a_model_compile_cannot_capture_runs_eagerly_with_a_warning_and_the_same
         warnings.simplefilter("error")
         eager = _torus_run(False)
     assert torch.equal(draws, eager)
-    assert draws.shape == (80, 2) and float(draws.abs().max()) <= math.pi
+    assert draws.shape == (40, 2) and float(draws.abs().max()) <= math.pi
 
 
 def _fixed_step_torus_run(**kernel_options):
