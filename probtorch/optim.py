@@ -58,14 +58,18 @@ class Optimizer:
 
     torch_class: type = torch.optim.Optimizer
 
-    def __init__(self, optim_args: dict | None = None, /, **kwargs):
+    def __init__(self, optim_args: dict | None = None, **kwargs):
         if optim_args is not None:  # Pyro's form: Adam({"lr": 0.01})
-            if callable(optim_args) or not isinstance(optim_args, dict):
+            name = type(self).__name__
+            if callable(optim_args):
                 raise TypeError(
-                    f"{type(self).__name__} takes its arguments as keywords or as one dict "
-                    f"(Pyro's form), not {type(optim_args).__name__}: per-parameter "
-                    f"arguments (Pyro's callable) are not supported, since SVI updates "
-                    f"all parameters as one flat tensor"
+                    f"{name}: per-parameter arguments (Pyro's callable optim_args) are not "
+                    f"supported, since SVI updates all parameters as one flat tensor"
+                )
+            if not isinstance(optim_args, dict):
+                raise TypeError(
+                    f"{name} takes its arguments as keywords ({name}(lr=0.01)) or as one "
+                    f"dict (Pyro's {name}({{'lr': 0.01}})), not {type(optim_args).__name__}"
                 )
             both = sorted(set(optim_args) & set(kwargs))
             if both:

@@ -201,9 +201,13 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
     if not bool(torch.all(valid)):
         missing = ""
         if value.is_floating_point() and bool(torch.isnan(value).any()):
+            k = len(fn.event_shape)  # obs_mask is over the batch: one entry per event
+            mask = {0: "~torch.isnan(y)", 1: "~torch.isnan(y).any(-1)"}.get(
+                k, f"~torch.isnan(y).flatten(-{k}).any(-1)"
+            )
             missing = (
                 f" ({int(torch.isnan(value).sum())} NaN entries: for missing data pass "
-                f"obs_mask=~torch.isnan(y) to pt.sample, which imputes them; under "
+                f"obs_mask={mask} to pt.sample, which imputes them; under "
                 f"pt.handlers.mask a NaN still makes the gradient NaN)"
             )
         raise ObservationOutsideSupportError(

@@ -245,8 +245,15 @@ def test_observed_value_outside_support():
         run_traced(model, torch.tensor([1.0, 2.5, 4.0]))
     # missing data as NaN, masked or not: the way to pass it is named
     nan = torch.tensor([1.0, float("nan"), 4.0])
-    with pytest.raises(ValueError, match=r"1 NaN entries: for missing data pass obs_mask"):
+    with pytest.raises(ValueError, match=r"1 NaN entries: for missing data pass obs_mask=~torch"):
         run_traced(pt.handlers.mask(model, mask=~torch.isnan(nan)), nan)
+
+    def pairs(y):  # one mask entry per event: the suggested mask is over the batch
+        with pt.plate("data", 3):
+            pt.sample("y", dist.MultivariateNormal(torch.zeros(2), torch.eye(2)), obs=y)
+
+    with pytest.raises(ValueError, match=r"obs_mask=~torch\.isnan\(y\)\.any\(-1\) to pt"):
+        run_traced(pairs, torch.tensor([[0.0, 1.0], [float("nan"), 0.0], [1.0, 1.0]]))
 
 
 def _bounded_by_a_latent(y):

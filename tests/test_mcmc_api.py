@@ -821,7 +821,7 @@ def test_invalid_mcmc_arguments(kwargs):
 
 def test_arguments_a_numpyro_or_pyro_user_might_pass():
     kernel = NUTS(vector_model, compile=False)
-    with pytest.raises(ValueError, match="thinning=5 keeps every 5th of num_samples=3 draws"):
+    with pytest.raises(ValueError, match="thinning=5 keeps one of each 5 of num_samples=3 draws"):
         MCMC(kernel, num_warmup=10, num_samples=3, thinning=5)
     with pytest.raises(TypeError, match="takes a kernel, e.g. MCMC.NUTS.model.*'vector_model'"):
         MCMC(vector_model, num_warmup=10, num_samples=10)

@@ -61,8 +61,11 @@ def test_pyros_dict_of_arguments_is_taken():
     assert adam.lr == 0.02 and adam.hyper["betas"] == (0.8, 0.9)
     assert repr(adam) == repr(pt.optim.Adam(lr=0.02, betas=(0.8, 0.9)))
     assert pt.optim.ClippedAdam({"lr": 0.1}, clip_norm=5.0).hyper["clip_norm"] == 5.0
-    with pytest.raises(TypeError, match="per-parameter arguments .Pyro's callable. are not"):
+    assert pt.optim.Adam(optim_args={"lr": 0.03}).lr == 0.03  # Pyro's keyword
+    with pytest.raises(TypeError, match="per-parameter arguments .Pyro's callable optim_args."):
         pt.optim.Adam(lambda module_name, param_name: {"lr": 0.1})
+    with pytest.raises(TypeError, match=r"as keywords \(Adam\(lr=0.01\)\).*not float"):
+        pt.optim.Adam(0.01)
     with pytest.raises(TypeError, match=r"\['lr'\] given both"):
         pt.optim.Adam({"lr": 0.1}, lr=0.2)
     with pytest.raises(TypeError, match="unexpected keyword.*betaz"):

@@ -278,6 +278,11 @@ def test_a_failing_potential_fn_is_told_what_it_was_called_with():
     def quadratic_form(values):
         return values["x"] @ torch.eye(2) @ values["x"]
 
+    infinite = {"x": torch.full((2,), float("inf"))}
+    with pytest.raises(ValueError, match=r"init_params\['x'\] \(chain 0\) is infinite") as refused:
+        _run(NUTS(potential_fn=quadratic_form, compile=False), infinite, 1)
+    assert not getattr(refused.value, "__notes__", None)  # the function was not called
+
     with pytest.raises(RuntimeError) as caught:
         _run(NUTS(potential_fn=quadratic_form, compile=False), {"x": torch.zeros(2)}, 2)
     assert any(

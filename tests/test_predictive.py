@@ -241,6 +241,12 @@ def test_draws_grouped_by_chain_without_batch_ndims_are_named():
     out = Predictive(model, grouped, batch_ndims=2)(4, seed=0)
     assert out["y"].shape == (3, 30, 4)
 
+    def drawn_with_sample_shape(y=None):  # the site's shape includes its sample_shape
+        w = pt.sample("w", dist.Normal(0.0, 1.0), sample_shape=(3,))
+        pt.sample("y", dist.Normal(w.sum(), 1.0), obs=y)
+
+    assert Predictive(drawn_with_sample_shape, {"w": torch.zeros(10, 3)})()["y"].shape == (10,)
+
 
 def test_num_samples_other_than_the_draws_warns_and_uses_the_draws():
     """As in Pyro and NumPyro: the draws decide, with a warning."""

@@ -720,6 +720,8 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
             family = f"{type(site.fn).__name__}, support {site.fn.support}"
             if bool(torch.isnan(value).any()):
                 raise ValueError(f"{where} is NaN (site {site.name!r}: {family})")
+            if bool(torch.isinf(value).any()):
+                raise ValueError(f"{where} is infinite (site {site.name!r}: {family})")
             if not bool(site.fn.support.check(value).all()):
                 raise ValueError(
                     f"{where} lies outside the support of site {site.name!r} ({family})"

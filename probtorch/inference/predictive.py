@@ -78,7 +78,8 @@ class _check_draw_shapes(Messenger):
         if msg.type != "sample" or msg.name not in self.draws or msg.is_observed:
             return
         value, fn = self.draws[msg.name], msg.fn
-        expected = tuple(fn.batch_shape + fn.event_shape)
+        sample_shape = tuple(msg.kwargs.get("sample_shape", ()))
+        expected = sample_shape + tuple(fn.batch_shape + fn.event_shape)
         try:
             fits = torch.broadcast_shapes(value.shape, expected) == expected
         except RuntimeError:
@@ -86,7 +87,14 @@ class _check_draw_shapes(Messenger):
         if fits:
             return
         hint = ""
-        if self.batch_ndims == 1 and value.dim() > len(expected) and len(self.sample_shape) == 1:
+        subsampled = [f for f in msg.cond_indep_stack if f.subsample_size != f.size]
+        if subsampled:
+            frame = subsampled[0]
+            hint = (
+                f" The site is in plate {frame.name!r}, which subsamples {frame.subsample_size} "
+                f"of {frame.size}: give draws of the subsample's size"
+            )
+        elif self.batch_ndims == 1 and value.dim() > len(expected) and len(self.sample_shape) == 1:
             hint = (
                 " If the draws are grouped by chain (MCMC.get_samples(group_by_chain=True): "
                 "(chains, draws, ...)), pass batch_ndims=2, or take get_samples() without "

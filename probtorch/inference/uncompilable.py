@@ -43,8 +43,8 @@ def untraceable_reason(error: BaseException) -> str:
     """Why ``make_fx`` could not trace a function, and where: the innermost frame of the
     traceback outside torch (and dispatch modes' hooks), and the innermost of the user's
     own when that is another."""
-    text = str(error)
-    reason = text.splitlines()[0].strip() if text else type(error).__name__
+    text = str(error).strip()
+    reason = text.splitlines()[0].strip() if text else "(no message)"
     if "_local_scalar_dense" in reason:  # make_fx's words for .item() or a tensor in an `if`
         reason = "a Python value read from a tensor (.item(), bool() or a branch on a tensor)"
     frames = [

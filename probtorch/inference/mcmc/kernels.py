@@ -107,6 +107,17 @@ def empty_stats(z: torch.Tensor, n: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
+def _raised_in(error: BaseException, fn) -> bool:
+    """Whether ``error`` was raised inside a call of the function ``fn``."""
+    code = getattr(fn, "__code__", None)
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _potential_fn_call_note(init_params, num_chains: int) -> str:
     """What a ``potential_fn`` kernel called the function with, for a failure in it."""
     if isinstance(init_params, torch.Tensor):
@@ -330,7 +341,7 @@ class _HamiltonianKernel:
                 compile=self.compile,
             )
         except Exception as error:
-            if self.potential_fn is not None:
+            if self.potential_fn is not None and _raised_in(error, self.potential_fn):
                 error.add_note(_potential_fn_call_note(given, num_chains))
             raise
         self.potential = potential

@@ -76,7 +76,7 @@ class MCMC:
             )
         if thinning > num_samples:
             raise ValueError(
-                f"thinning={thinning} keeps every {thinning}th of num_samples={num_samples} "
+                f"thinning={thinning} keeps one of each {thinning} of num_samples={num_samples} "
                 f"draws per chain: none (num_samples counts the draws before thinning)"
             )
         if chain_method not in ("vectorized", "sequential"):
@@ -197,12 +197,11 @@ class MCMC:
         self, args, kwargs, init_params, extra_fields, warmup_only=False, collect_warmup=False
     ) -> None:
         fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
+        available = [n for n in STAT_NAMES if n != "tree_depth" or self._builds_trees()]
         unknown = set(fields) - set(STAT_NAMES)
         if unknown:  # refused before anything changes: the last run's results stay
-            raise ValueError(
-                f"unknown extra_fields {sorted(unknown)}; available: {list(STAT_NAMES)}"
-            )
-        if "tree_depth" in fields and not hasattr(self.kernel, "max_tree_depth"):
+            raise ValueError(f"unknown extra_fields {sorted(unknown)}; available: {available}")
+        if "tree_depth" in fields and not self._builds_trees():
             raise ValueError(
                 f"extra_fields: tree_depth is NUTS's; {type(self.kernel).__name__} builds no "
                 f"trees (num_steps counts its leapfrog steps)"
@@ -427,6 +426,10 @@ class MCMC:
         print(summary_table(samples, prob=prob))
         print(f"\nNumber of divergences: {int(self._stats['diverging'].sum())}")
 
+    def _builds_trees(self) -> bool:
+        """Whether the kernel builds NUTS trees (HMC does not: it has no tree_depth)."""
+        return hasattr(self.kernel, "max_tree_depth")
+
     def to_inference_data(
         self,
         posterior_predictive: dict | None = None,
@@ -470,7 +473,7 @@ class MCMC:
         """
         self._require_run()
         stats = self._stats
-        if not hasattr(self.kernel, "max_tree_depth"):  # HMC builds no trees
+        if not self._builds_trees():
             stats = {k: v for k, v in stats.items() if k != "tree_depth"}
         return to_inference_data(
             self.kernel.potential,
