@@ -35,7 +35,7 @@ from .compile import compile_enabled, compile_fn
 from .data_layout import DataLayout
 from .init_strategies import init_to_uniform
 from .safe_linalg import nan_on_failure
-from .uncompilable import uncompilable_reason
+from .uncompilable import eager_fallback_note
 
 __all__ = ["LatentSite", "Potential", "initialize_model", "pack_init_params", "InitializationError"]
 
@@ -442,11 +442,7 @@ class Potential:
             except torch._dynamo.exc.Unsupported as error:
                 if not self.compiled:
                     raise
-                warn_at_caller(
-                    f"evaluating the potential eagerly: torch.compile cannot capture the "
-                    f"model ({uncompilable_reason(error)}). Pass compile=False to skip the "
-                    f"attempt"
-                )
+                warn_at_caller(eager_fallback_note("evaluating the potential eagerly", error))
                 self.compiled = False
                 self._value = torch.func.vmap(self._single_potential)
                 self._value_and_grad = self._batched_value_and_grad

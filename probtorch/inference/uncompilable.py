@@ -8,7 +8,7 @@ import os
 import re
 import traceback
 
-__all__ = ["uncompilable_reason", "untraceable_reason"]
+__all__ = ["eager_fallback_note", "uncompilable_reason", "untraceable_reason"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INSTALLED = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
@@ -76,3 +76,13 @@ def _located(reason: str, frames: list[tuple[str, str, str]]) -> str:
     if users and users[-1] != inner:
         where += f", reached from {shown(users[-1])}"
     return where
+
+
+def eager_fallback_note(doing: str, error: BaseException, to: str = "") -> str:
+    """The warning of a compiled function that runs eagerly from now on, ``doing`` what it
+    does, because Dynamo refused the model with ``error``; ``to`` says where compile=False
+    goes."""
+    return (
+        f"{doing}: torch.compile cannot capture the model ({uncompilable_reason(error)}). "
+        f"Pass compile=False{to} to skip the attempt"
+    )

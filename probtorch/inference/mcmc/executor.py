@@ -34,7 +34,7 @@ from ...validation import torch_validation
 from .. import call_program
 from ..compile import compile_fn, inductor_base_options, skip_guards
 from ..generated_call import BufferPool, compile_graph, load_graph
-from ..uncompilable import uncompilable_reason, untraceable_reason
+from ..uncompilable import eager_fallback_note, untraceable_reason
 
 __all__ = ["ChunkedLoop", "InPlaceLoop", "SplitLoop", "TracedChunk", "trace_in_place"]
 
@@ -95,11 +95,8 @@ class ChunkedLoop:
         except torch._dynamo.exc.Unsupported as error:
             if not self.compiled:
                 raise
-            warn_at_caller(
-                f"running the sampler eagerly, much slower: torch.compile cannot capture "
-                f"the model ({uncompilable_reason(error)}). Pass compile=False to the kernel "
-                f"to skip the attempt"
-            )
+            doing = "running the sampler eagerly, much slower"
+            warn_at_caller(eager_fallback_note(doing, error, " to the kernel"))
             self.compiled = False
             self._chunk = self._chunk_fn
             return self._chunk(state, *args)
