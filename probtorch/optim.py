@@ -73,7 +73,6 @@ class Optimizer:
                 )
             both = sorted(set(optim_args) & set(kwargs))
             if both:
-                name = type(self).__name__
                 raise TypeError(f"{name}: {both} given both in the dict and as keywords")
             kwargs = {**optim_args, **kwargs}
         allowed = self._allowed_kwargs()

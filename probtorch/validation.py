@@ -96,10 +96,10 @@ def innermost(fn):
     >>> type(innermost(d.Normal(0.0, 1.0).expand([3]).mask(False).to_event(1))).__name__
     'Normal'
     """
-    while isinstance(fn, torch.distributions.Independent) or type(fn).__name__ in (
-        "ExpandedDistribution",
-        "MaskedDistribution",
-    ):
+    from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDistribution
+
+    wrappers = (torch.distributions.Independent, ExpandedDistribution, MaskedDistribution)
+    while isinstance(fn, wrappers):
         fn = fn.base_dist
     return fn
 

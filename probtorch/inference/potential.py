@@ -284,10 +284,10 @@ class Potential:
         self.device = values[0].device
         self._sites_by_name = {s.name: s for s in self.sites}
 
-        batched_value = torch.func.vmap(self._single_potential)
+        self._batched_value = torch.func.vmap(self._single_potential)
         batched_value_and_grad = torch.func.vmap(torch.func.grad_and_value(self._single_potential))
         batched_constrain = torch.func.vmap(self._single_constrain)
-        self._value = compile_fn(batched_value, self.compiled)
+        self._value = compile_fn(self._batched_value, self.compiled)
         self._batched_value_and_grad = batched_value_and_grad
         self._value_and_grad = compile_fn(batched_value_and_grad, self.compiled)
         self._constrain = batched_constrain  # output only, not in a hot loop
@@ -444,7 +444,7 @@ class Potential:
                     raise
                 warn_at_caller(eager_fallback_note("evaluating the potential eagerly", error))
                 self.compiled = False
-                self._value = torch.func.vmap(self._single_potential)
+                self._value = self._batched_value
                 self._value_and_grad = self._batched_value_and_grad
                 return self._explained(name, z)
             except RuntimeError as error:

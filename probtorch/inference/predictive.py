@@ -286,9 +286,9 @@ class Predictive:
         if self.params is not None:
             model = substitute(model, data=self.params)
         first = {name: value[0] for name, value in samples.items()}
-        checked = _check_draw_shapes(model, first, self._sample_shape, self.batch_ndims)
-        if self.posterior_samples is None:  # the guide's draws: shaped by the model's sites
-            checked = model
+        checked = model  # a guide's draws are shaped by the model's sites
+        if self.posterior_samples is not None:
+            checked = _check_draw_shapes(model, first, self._sample_shape, self.batch_ndims)
         proto = trace(substitute(checked, data=first)).get_trace(*args, **kwargs)
         names = self._return_names(proto, samples)
         return _run(model, samples, self.num_samples, proto, names, self.parallel, args, kwargs)

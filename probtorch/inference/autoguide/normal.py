@@ -159,6 +159,7 @@ class AutoDelta(AutoGuide):
                     f"space for a point estimate's parameter: use AutoNormal, or write a "
                     f"guide for it"
                 )
+        super()._check_prototype()
 
     def _param_specs(self):
         specs = {}

@@ -230,13 +230,9 @@ def _aoti_compile(exported, tmp: str, configs: dict | None) -> None:
     )
 
 
-def _error_line(error: BaseException) -> str:
-    return untraceable_reason(error)
-
-
 def _warn_fallback(error: BaseException | str) -> None:
     if isinstance(error, BaseException):
-        error = _error_line(error)
+        error = untraceable_reason(error)
     warn_at_caller(f"the lean executor could not be built ({error}); using the quick path")
 
 
@@ -322,7 +318,7 @@ class TieredBuild:
             )
             gm, inputs = self.traced.graph, self.traced.inputs
         except Exception as error:  # an op make_fx cannot trace: stay on the quick path
-            self.failed = _error_line(error)
+            self.failed = untraceable_reason(error)
             _warn_fallback(self.failed)
             return
         if os.path.exists(_failure_marker(self.path)):
@@ -364,7 +360,7 @@ class TieredBuild:
         try:
             runner = _load_driver().LeanRunner(self.path)
         except Exception as error:
-            self.failed = _error_line(error)
+            self.failed = untraceable_reason(error)
             _warn_fallback(error)
             return None
         self.loop = LeanLoop(runner, self.traced, self._chunk_size, self.path)
@@ -441,7 +437,7 @@ def _main(job: str) -> int:
         _load_driver()  # built once per machine; the sampler then loads it in milliseconds
     except Exception as error:
         with open(_failure_marker(spec["path"]), "w") as f:
-            f.write(_error_line(error))
+            f.write(untraceable_reason(error))
         raise
     finally:
         os.remove(spec["program"])
