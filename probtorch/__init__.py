@@ -15,7 +15,7 @@ Example::
 """
 
 from . import (
-    _torch_compat,  # noqa: F401  (on torch < 2.13 it patches torch: see the module)
+    _torch_compat,  # noqa: F401  (patches torch: see the module)
     distributions,
     handlers,
     optim,

@@ -33,6 +33,16 @@ serialized (an SVI step with a low-rank or Cholesky-factor guide, a Wishart mode
 matters only to a caller who saves the artifacts: probtorch uses them in the process. Any
 other warning or log line is left alone.
 
+Empty batches. torch sums a log density's event dimensions (``_sum_rightmost``: an
+``Independent``'s ``log_prob``, a transformed distribution's Jacobian) and checks an
+event-shaped constraint (``constraints.independent``) by reshaping to ``batch_shape +
+(-1,)``, which torch refuses for a tensor of no elements ("cannot reshape tensor of 0
+elements into shape [0, -1]"). A model with a plate of size 0 over an event-shaped site (a
+Dirichlet, a vector ``Normal(...).to_event(1)``, an angle or simplex under an autoguide)
+therefore failed, in Pyro as here. probtorch sums, and reduces the check, over those
+dimensions directly when a tensor has no elements (:func:`patch_empty_event_reductions`);
+tensors with elements take torch's own code, so nothing else changes.
+
 Example::
 
     >>> import torch
@@ -54,6 +64,7 @@ __all__ = [
     "patch_distribution_expand",
     "import_inductor_deps_quietly",
     "silence_torch_internal_messages",
+    "patch_empty_event_reductions",
 ]
 
 
@@ -139,6 +150,75 @@ def silence_torch_internal_messages() -> None:
             logger.addFilter(_DropRecords(fragment))
 
 
+_torch_sum_rightmost = torch.distributions.utils._sum_rightmost
+_torch_independent_check = torch.distributions.constraints._IndependentConstraint.check
+
+
+def _sum_rightmost(value: torch.Tensor, dim: int) -> torch.Tensor:
+    """torch's ``_sum_rightmost``, but a tensor of no elements is summed over its ``dim``
+    rightmost dimensions instead of reshaped (see the module doc)."""
+    if dim == 0 or value.numel() != 0:
+        return _torch_sum_rightmost(value, dim)
+    return value.sum(tuple(range(-dim, 0)))
+
+
+def _pyro_sum_rightmost_for_empty(pyro_sum_rightmost):
+    """Pyro's ``sum_rightmost`` (negative and infinite ``dim`` too), with a tensor of no
+    elements summed instead of reshaped."""
+
+    def sum_rightmost(value, dim):
+        if not isinstance(value, torch.Tensor) or value.numel() != 0:
+            return pyro_sum_rightmost(value, dim)
+        if dim < 0:
+            dim += value.dim()
+        if dim == 0:
+            return value
+        return value.sum(tuple(range(-min(dim, value.dim()), 0)))
+
+    sum_rightmost.__doc__ = pyro_sum_rightmost.__doc__
+    sum_rightmost.__wrapped__ = pyro_sum_rightmost
+    return sum_rightmost
+
+
+def _independent_check(self, value: torch.Tensor) -> torch.Tensor:
+    """torch's ``_IndependentConstraint.check``, with a tensor of no elements reduced over
+    its event dimensions instead of reshaped (see the module doc)."""
+    n = self.reinterpreted_batch_ndims
+    if value.numel() != 0 or n == 0 or value.dim() < self.event_dim:
+        return _torch_independent_check(self, value)  # torch's error for too few dims too
+    return self.base_constraint.check(value).all(dim=tuple(range(-n, 0)))
+
+
+def patch_empty_event_reductions() -> None:
+    """Let event-shaped densities and constraints take tensors of no elements (see the
+    module doc), in every torch and Pyro module that imported the summing function.
+
+    >>> import torch
+    >>> from torch.distributions import Independent, Normal
+    >>> Independent(Normal(torch.zeros(0, 3), 1.0), 1).log_prob(torch.zeros(0, 3)).shape
+    torch.Size([0])
+    """
+    import sys
+
+    import pyro.distributions  # noqa: F401  (imports the modules that use the functions)
+    import pyro.distributions.util as pyro_util
+
+    pyro_sum_rightmost = getattr(pyro_util.sum_rightmost, "__wrapped__", None)
+    pyro_sum_rightmost = pyro_sum_rightmost or pyro_util.sum_rightmost
+    patched = {
+        ("_sum_rightmost", _torch_sum_rightmost): _sum_rightmost,
+        ("sum_rightmost", pyro_sum_rightmost): _pyro_sum_rightmost_for_empty(pyro_sum_rightmost),
+    }
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(("torch.distributions", "pyro.")):
+            continue
+        for (attribute, original), replacement in patched.items():
+            if getattr(module, attribute, None) is original:
+                setattr(module, attribute, replacement)
+    torch.distributions.constraints._IndependentConstraint.check = _independent_check
+
+
 import_inductor_deps_quietly()
 silence_torch_internal_messages()
+patch_empty_event_reductions()
 patch_distribution_expand()  # on import (probtorch/__init__.py imports this module)

@@ -1,6 +1,7 @@
 """probtorch/_torch_compat.py: the patch of ``Distribution._get_checked_instance`` that lets
 torch 2.11's Dynamo trace ``expand`` makes the instance torch's own does, and is applied
-only before torch 2.13."""
+only before torch 2.13; torch's messages about its own code are kept from users; event
+dimensions of empty batches are summed and checked without torch's reshape."""
 
 import os
 import subprocess
@@ -126,3 +127,47 @@ def test_diagonal_and_linear_algebra_compile_without_torch_messages(tmp_path):
     assert "c-shim" not in done.stderr, done.stderr[-2000:]
     assert "artifact generation failed" not in done.stderr, done.stderr[-2000:]
     assert "Warning" not in done.stderr, done.stderr[-2000:]
+
+
+def test_event_shaped_densities_and_constraints_take_empty_batches():
+    import pyro.distributions as pyro_dist
+    from torch.distributions import Dirichlet, Independent, constraints
+
+    empty = torch.zeros(0, 3)
+    assert Independent(Normal(empty, 1.0), 1).log_prob(empty).shape == (0,)
+    assert Dirichlet(torch.ones(0, 3), validate_args=True).batch_shape == (0,)
+    assert constraints.independent(constraints.real, 2).check(torch.zeros(4, 0, 2)).shape == (4,)
+    assert pyro_dist.Delta(empty, event_dim=1).log_prob(empty).shape == (0,)
+    assert pyro_dist.util.sum_rightmost(torch.zeros(2, 0, 5), -1).shape == (2,)
+    # tensors with elements take torch's and Pyro's own code, and too few dims their error
+    x = torch.randn(4, 3)
+    assert torch.equal(
+        Independent(Normal(x, 1.0), 1).log_prob(x), Normal(x, 1.0).log_prob(x).sum(-1)
+    )
+    assert pyro_dist.util.sum_rightmost(x, 1).shape == (4,)
+    with pytest.raises(ValueError, match="Expected value.dim"):
+        constraints.independent(constraints.real, 2).check(torch.zeros(0))
+
+
+@pytest.mark.parametrize("guide_name", ["AutoNormal", "AutoMultivariateNormal", "AutoDelta"])
+def test_autoguides_fit_a_model_with_an_empty_plate_of_event_shaped_sites(guide_name):
+    """A plate of size 0 around a simplex, a vector and an angle site failed in torch's
+    reshape of 0 elements (validation, the guide's density) before any step."""
+    import probtorch as pt
+    import probtorch.distributions as dist
+    from probtorch.inference import SVI, Trace_ELBO, autoguide
+    from probtorch.optim import Adam
+
+    def model(n):
+        with pt.plate("p", n):
+            pt.sample("s", dist.Dirichlet(torch.ones(3)))
+            pt.sample("v", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+            pt.sample("a", dist.VonMises(0.0, 1.0))
+        pt.sample("z", dist.Normal(0.0, 1.0))
+
+    guide = getattr(autoguide, guide_name)(model)
+    svi = SVI(model, guide, Adam(lr=0.01), Trace_ELBO())
+    losses = [svi.step(0) for _ in range(3)]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    draws = pt.handlers.trace(pt.handlers.seed(guide, rng_seed=0)).get_trace(0)
+    assert draws["s"].value.shape == (0, 3) and draws["v"].value.shape == (0, 2)
