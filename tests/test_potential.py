@@ -13,6 +13,8 @@ import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.inference.compile import compile_enabled, count_compiles
 from probtorch.inference.init_strategies import (
+    init_to_feasible,
+    init_to_mean,
     init_to_median,
     init_to_sample,
     init_to_uniform,
@@ -207,6 +209,43 @@ def test_init_strategies_give_finite_starts(strategy, float64):
     value, grad = potential.value_and_grad(z0)
     assert bool(torch.isfinite(value).all() and torch.isfinite(grad).all())
     assert len({tuple(row.tolist()) for row in z0}) == 4  # chains start apart
+
+
+def test_init_to_feasible_and_init_to_mean_start_every_chain_at_their_point(float64):
+    model, make_data = MODELS["constrained_sites"]
+    args, kwargs = make_data()
+    potential, z0 = initialize_model(
+        model, args, kwargs, num_chains=3, init_strategy=init_to_feasible, compile=False
+    )
+    torch.testing.assert_close(z0, torch.zeros_like(z0), rtol=0, atol=1e-12)  # zeros, round trip
+    potential, z0 = initialize_model(
+        model, args, kwargs, num_chains=3, init_strategy=init_to_mean, compile=False
+    )
+    value, grad = potential.value_and_grad(z0)
+    assert bool(torch.isfinite(value).all() and torch.isfinite(grad).all())
+    weights = potential.constrain(z0)["weights"]  # Dirichlet(1, 1, 1)'s mean
+    torch.testing.assert_close(weights, torch.full((3, 3), 1 / 3, dtype=torch.float64))
+    # no mean (LKJ) or no sampler (the improper scales): the median's, then uniform starts
+    assert len({tuple(row.tolist()) for row in z0}) == 3
+
+
+def test_init_to_feasible_and_init_to_mean_on_angles_directions_and_heavy_tails(float64):
+    def model():
+        pt.sample("a", dist.VonMises(2.0, 1.0))
+        pt.sample("u", dist.ProjectedNormal(torch.tensor([0.0, 3.0, 0.0])))
+        pt.sample("c", dist.HalfCauchy(1.0))
+        pt.sample("g", dist.Gamma(3.0, 2.0))
+
+    potential, z0 = initialize_model(model, init_strategy=init_to_feasible, compile=False)
+    start = potential.constrain(z0)
+    assert float(start["a"]) == 0.0 and start["u"].tolist() == [[1.0, 0.0, 0.0]]
+    assert float(start["c"]) == 1.0 and float(start["g"]) == 1.0
+    potential, z0 = initialize_model(model, init_strategy=init_to_mean, compile=False)
+    start = potential.constrain(z0)
+    assert float(start["a"]) == pytest.approx(2.0) and float(start["g"]) == pytest.approx(1.5)
+    # no mean (a half-Cauchy's) or none on the sphere: the median of prior draws
+    assert 0.0 < float(start["c"]) < 20.0
+    torch.testing.assert_close(start["u"].norm(dim=-1), torch.ones(1, dtype=torch.float64))
 
 
 def test_init_radius_bounds_unconstrained_values(float64):

@@ -2,7 +2,14 @@
 
 from . import autoguide
 from .elbo import RenyiELBO, Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
-from .init_strategies import init_to_median, init_to_sample, init_to_uniform, init_to_value
+from .init_strategies import (
+    init_to_feasible,
+    init_to_mean,
+    init_to_median,
+    init_to_sample,
+    init_to_uniform,
+    init_to_value,
+)
 from .mcmc import HMC, MCMC, NUTS
 from .potential import Potential, initialize_model
 from .predictive import Predictive
@@ -15,6 +22,8 @@ __all__ = [
     "Potential",
     "initialize_model",
     "init_to_uniform",
+    "init_to_feasible",
+    "init_to_mean",
     "init_to_median",
     "init_to_sample",
     "init_to_value",

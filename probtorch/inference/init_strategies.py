@@ -13,9 +13,16 @@ import functools
 import torch
 
 from ..runtime import Message
-from .angles import unconstraining_transform
+from .angles import UnitVectorFromSpace, unconstraining_transform
 
-__all__ = ["init_to_uniform", "init_to_median", "init_to_sample", "init_to_value"]
+__all__ = [
+    "init_to_feasible",
+    "init_to_mean",
+    "init_to_median",
+    "init_to_sample",
+    "init_to_uniform",
+    "init_to_value",
+]
 
 
 def _is_latent(site: Message) -> bool:
@@ -54,6 +61,58 @@ def init_to_uniform(site: Message | None = None, radius: float = 2.0):
     dtype = _dtype_of(site)
     u = (torch.rand(shape, dtype=dtype) * 2 - 1) * radius
     return transform(u)
+
+
+def init_to_feasible(site: Message | None = None):
+    """The point that unconstrained zero maps to (Pyro's and NumPyro's ``init_to_feasible``):
+    0 for a real site, 1 for a positive one, the simplex's centre, the identity correlation.
+    An angle starts at 0 and a direction at the first axis (their unconstrained space is a
+    plane or space, whose origin has no direction). Every chain starts at the same point.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> init_to_feasible(pt.Message("sample", "s", dist.Dirichlet(torch.ones(4))))
+        tensor([0.2500, 0.2500, 0.2500, 0.2500])
+        >>> init_to_feasible(pt.Message("sample", "a", dist.VonMises(2.0, 1.0)))
+        tensor(0.)
+    """
+    if site is None:
+        return init_to_feasible
+    if not _is_latent(site):
+        return None
+    transform = unconstraining_transform(site.fn)
+    u = torch.zeros(transform.inverse_shape(_site_shape(site)), dtype=_dtype_of(site))
+    if isinstance(transform, UnitVectorFromSpace):
+        u[..., 0] = 1.0
+    return transform(u)
+
+
+def init_to_mean(site: Message | None = None, num_samples: int = 15):
+    """The prior's mean (Pyro's and NumPyro's ``init_to_mean``); where it is undefined,
+    not finite or not inside the support (a half-Cauchy's, a von Mises direction's mean
+    vector), ``init_to_median`` with ``num_samples`` draws.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> init_to_mean(pt.Message("sample", "r", dist.Gamma(3.0, 2.0)))
+        tensor(1.5000)
+        >>> v = pt.handlers.seed(init_to_mean, rng_seed=0)(
+        ...     pt.Message("sample", "c", dist.HalfCauchy(1.0)))  # no mean: the median
+        >>> bool(0.0 < v < float("inf"))
+        True
+    """
+    if site is None:
+        return functools.partial(init_to_mean, num_samples=num_samples)
+    if not _is_latent(site):
+        return None
+    try:
+        mean = site.fn.mean.detach().expand(_site_shape(site)).to(_dtype_of(site))
+        usable = bool(torch.isfinite(mean).all()) and bool(site.fn.support.check(mean).all())
+    except (NotImplementedError, AttributeError, RuntimeError):
+        usable = False
+    return mean if usable else init_to_median(site, num_samples=num_samples)
 
 
 def init_to_median(site: Message | None = None, num_samples: int = 15):
