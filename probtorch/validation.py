@@ -162,6 +162,8 @@ def check_parameters(name: str, fn) -> None:
             if not isinstance(value, torch.Tensor):
                 continue
             valid = constraint.check(value)
+            if not readable(valid):
+                continue  # batched over chains or being traced: checked where readable
             if not bool(torch.all(valid)):
                 raise InvalidParameterError(
                     f"sample site {name!r}: parameter {param!r} of {type(d).__name__} must "
@@ -198,6 +200,8 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
     if constraints.is_dependent(support):
         return
     valid = support.check(value)
+    if not readable(valid):
+        return  # a support that depends on latent values batched over chains
     if not bool(torch.all(valid)):
         missing = ""
         if value.is_floating_point() and bool(torch.isnan(value).any()):
@@ -227,7 +231,10 @@ def _check_infinite_observation(name: str, fn, value: torch.Tensor) -> None:
     if not bool(infinite.any()):
         return
     try:
-        finite = bool(torch.isfinite(fn.log_prob(value)).all())
+        log_density = fn.log_prob(value)
+        if not readable(log_density):
+            return  # parameters batched over chains: checked where the model runs eagerly
+        finite = bool(torch.isfinite(log_density).all())
     except Exception:  # noqa: BLE001 - a family that refuses inf says so itself later
         finite = False
     if not finite:

@@ -1018,6 +1018,39 @@ def test_discrete_latent_site_is_named():
         mcmc.run(_data())
 
 
+def test_an_enumerate_annotation_is_named_as_unsupported():
+    def model(y):
+        p = pt.sample("p", dist.Beta(1.0, 1.0))
+        with pt.plate("n", y.shape[0]):
+            z = pt.sample("z", dist.Bernoulli(p), infer={"enumerate": "parallel"})
+            pt.sample("y", dist.Normal(z, 1.0), obs=y)
+
+    with pytest.raises(ValueError, match=r"'z'.*discrete.*'enumerate': 'parallel'.*not supported"):
+        _mcmc(model, num_warmup=5, num_samples=5).run(_data())
+
+
+def test_a_model_wrapped_in_trace_samples_as_the_model_does(float64):
+    """The user's trace handler checks each site's parameters; inside the potential they
+    are batched over chains (Uniform's low < high with a latent high), where the check
+    read them in Python and the run failed as "the model reads latent values"."""
+
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 2.0))
+        s = pt.sample("s", dist.HalfNormal(1.0))
+        pt.sample("u", dist.Uniform(0.0, s + 3.0))
+        with pt.plate("n", y.shape[0]):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+        pt.sample("w", dist.Uniform(0.0, s + 10.0), obs=torch.tensor(2.0))
+
+    runs = []
+    for fn in (model, pt.handlers.trace(model)):
+        mcmc = _mcmc(fn, num_warmup=30, num_samples=20)
+        mcmc.run(_data())
+        runs.append(mcmc.get_samples())
+    for name in ("mu", "s", "u"):
+        torch.testing.assert_close(runs[1][name], runs[0][name], rtol=0, atol=1e-12)
+
+
 # -- Stan's windowed adaptation schedule --------------------------------------------------------
 def stan_windows(num_warmup, init_buffer=75, term_buffer=50, base_window=25):
     """Stan's slow windows, ``[start, end)``, by stepping its ``windowed_adaptation`` counter.

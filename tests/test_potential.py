@@ -2,7 +2,9 @@
 
 import math
 import sys
+import warnings
 
+import arviz as az
 import numpy as np
 import pytest
 import torch
@@ -305,6 +307,76 @@ def test_initialization_error_names_the_site_with_infinite_gradient(float64):
         initialize_model(
             model, init_strategy=init_to_value(values={"x": 0.0}), max_tries=3, compile=False
         )
+
+
+def _written_in_place(y):
+    theta = pt.sample("theta", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    x = torch.zeros(4, dtype=y.dtype)
+    x[1:] = theta  # a latent written into a tensor the model made: vmap cannot batch it
+    pt.deterministic("x", x)
+    pt.sample("y", dist.Normal(x, 0.5).to_event(1), obs=y)
+
+
+def _concatenated(y):
+    theta = pt.sample("theta", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    x = torch.cat([torch.zeros(1, dtype=y.dtype), theta])
+    pt.deterministic("x", x)
+    pt.sample("y", dist.Normal(x, 0.5).to_event(1), obs=y)
+
+
+def test_a_model_that_writes_latents_in_place_is_evaluated_chain_by_chain(float64):
+    """vmap cannot write batched values into a tensor the model created; the potential
+    evaluates the chains one after another instead, with a warning that says how to
+    vectorize the model. Values, gradients and constrained values equal the vectorized
+    model's."""
+    y = torch.tensor([0.0, 0.3, 1.0, -0.5])
+    looped = Potential(_written_in_place, (y,), compile=False)
+    vectorized = Potential(_concatenated, (y,), compile=False)
+    z = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match=r"writes latent values into a tensor.*torch\.cat"):
+        value, grad = looped.value_and_grad(z)
+    assert looped.chains_looped and not vectorized.chains_looped
+    expected = vectorized.value_and_grad(z)
+    torch.testing.assert_close(value, expected[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad, expected[1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(looped.constrain(z)["x"], vectorized.constrain(z)["x"])
+    draws = {"theta": z}
+    torch.testing.assert_close(
+        looped.log_likelihood(draws)["y"], vectorized.log_likelihood(draws)["y"]
+    )
+
+
+def test_nuts_samples_a_model_that_writes_latents_in_place_compiled_as_eager(float64):
+    """The posterior is Normal(y / 1.25, sqrt(0.2)) per coordinate; compiled draws follow
+    the eager ones (the same chain-by-chain potential) and the vectorized model's."""
+    from probtorch.inference import MCMC, NUTS
+
+    y = torch.tensor([0.0, 0.3, 1.0, -0.5])
+    draws = {}
+    for name, model, compile in [
+        ("looped", _written_in_place, False),
+        ("compiled", _written_in_place, True),
+        ("vectorized", _concatenated, False),
+    ]:
+        mcmc = MCMC(
+            NUTS(model, compile=compile),
+            num_warmup=200,
+            num_samples=200,
+            num_chains=2,
+            progress_bar=False,
+            seed=0,
+        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="the model writes latent values")
+            mcmc.run(y)
+        draws[name] = mcmc.get_samples(group_by_chain=True)
+    torch.testing.assert_close(draws["looped"]["theta"], draws["vectorized"]["theta"])
+    torch.testing.assert_close(draws["compiled"]["theta"][:, :20], draws["looped"]["theta"][:, :20])
+    theta = draws["compiled"]["theta"]
+    ess = torch.tensor(az.ess(az.convert_to_dataset({"theta": theta.numpy()}))["theta"].values)
+    mcse = math.sqrt(0.2) / ess.sqrt()
+    assert bool(((theta.mean((0, 1)) - y[1:] / 1.25).abs() < 4 * mcse).all())
+    torch.testing.assert_close(draws["compiled"]["x"][..., 1:], theta)
 
 
 def test_discrete_latent_site_is_rejected_by_name():

@@ -169,6 +169,32 @@ def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
     return tracer.trace
 
 
+def _unbatchable_write(error: RuntimeError) -> bool:
+    """Whether ``vmap`` failed on an in-place write of batched values into a tensor that
+    is not batched (one the model created), which evaluating chain by chain avoids."""
+    text = str(error)
+    return "vmap" in text and "inplace" in text.replace("in-place", "inplace")
+
+
+def _loop_over_chains(fn: Callable) -> Callable:
+    """``fn`` of one chain's values for a batch of chains, by a loop over the leading
+    dimension (outputs stacked): ``vmap``'s stand-in for models it cannot batch.
+
+    >>> _loop_over_chains(lambda z: (z.sum(), {"x": 2 * z}))(torch.ones(3, 2))[1]["x"].shape
+    torch.Size([3, 2])
+    """
+
+    def looped(batch):
+        first = next(iter(torch.utils._pytree.tree_leaves(batch)))
+        outputs = [
+            fn(torch.utils._pytree.tree_map(lambda t, i=i: t[i], batch))
+            for i in range(first.shape[0])
+        ]
+        return torch.utils._pytree.tree_map(lambda *parts: torch.stack(parts), *outputs)
+
+    return looped
+
+
 def _seeds(rng_seed: int, count: int) -> list[int]:
     """``rng_seed`` followed by ``count - 1`` seeds derived from it."""
     generator = torch.Generator().manual_seed(rng_seed)
@@ -284,18 +310,37 @@ class Potential:
         self.device = values[0].device
         self._sites_by_name = {s.name: s for s in self.sites}
 
-        self._batched_value = torch.func.vmap(self._single_potential)
-        batched_value_and_grad = torch.func.vmap(torch.func.grad_and_value(self._single_potential))
-        batched_constrain = torch.func.vmap(self._single_constrain)
-        self._value = compile_fn(self._batched_value, self.compiled)
-        self._batched_value_and_grad = batched_value_and_grad
-        self._value_and_grad = compile_fn(batched_value_and_grad, self.compiled)
-        self._constrain = batched_constrain  # output only, not in a hot loop
+        self.chains_looped = False  # set where the model cannot be vectorized over chains
+        self._batch_over_chains(torch.func.vmap)
         # What the model is called with: the arguments, with data matrices that it only
         # multiplies by narrow factors laid out for those products (the user's own stay in
         # model_args, which a continued run compares by identity).
         self._args, self._kwargs = self._laid_out_arguments()
         self._versions = _versions(self.model_args, self.model_kwargs)
+
+    def _batch_over_chains(self, batch: Callable) -> None:
+        """The batched functions, from the single-chain ones by ``batch`` (``vmap``, or
+        :func:`_loop_over_chains`)."""
+        self._batched_value = batch(self._single_potential)
+        self._batched_value_and_grad = batch(torch.func.grad_and_value(self._single_potential))
+        self._value = compile_fn(self._batched_value, self.compiled)
+        self._value_and_grad = compile_fn(self._batched_value_and_grad, self.compiled)
+        self._constrain = batch(self._single_constrain)  # output only, not in a hot loop
+
+    def _loop_chains(self, error: RuntimeError) -> None:
+        """Evaluate the chains one after another from now on, with a warning: the model
+        writes latent values into a tensor it made (``x[1:] = theta``), which ``vmap``
+        cannot batch."""
+        warn_at_caller(
+            f"the model writes latent values into a tensor it created (an in-place write such "
+            f"as `x[1:] = theta`), which cannot be vectorized over chains "
+            f"({error.__class__.__name__}: {str(error).split('. ')[0]}). probtorch "
+            f"evaluates the chains one after another instead: slower, and a compiled "
+            f"sampler's graph grows with num_chains. Build the tensor with torch.cat, "
+            f"torch.stack or torch.where to vectorize it."
+        )
+        self.chains_looped = True
+        self._batch_over_chains(_loop_over_chains)
 
     def arguments_unchanged(self) -> bool:
         """Whether no tensor argument was changed in place since the potential was made
@@ -349,10 +394,19 @@ class Potential:
                 continue
             support = site.fn.support
             if support.is_discrete:
+                enumerate_ = site.infer.get("enumerate")
+                annotated = (
+                    f" (probtorch does not enumerate discrete sites, so "
+                    f"infer={{'enumerate': {enumerate_!r}}} is not supported: sum it out in "
+                    f"the model, e.g. with a mixture distribution or torch.logsumexp in "
+                    f"pt.factor)"
+                    if enumerate_
+                    else ""
+                )
                 raise ValueError(
                     f"latent site {name!r} has the discrete distribution "
                     f"{type(site.fn).__name__} (support {support}); HMC/NUTS need continuous "
-                    f"latent sites: marginalize it out, or observe it"
+                    f"latent sites: marginalize it out, or observe it{annotated}"
                 )
             if isinstance(innermost(site.fn), pyro_dist.Delta):
                 raise ValueError(
@@ -448,6 +502,9 @@ class Potential:
                 self._value_and_grad = self._batched_value_and_grad
                 return self._explained(name, z)
             except RuntimeError as error:
+                if not self.chains_looped and _unbatchable_write(error):
+                    self._loop_chains(error)
+                    return self._explained(name, z)
                 self._explain_failure(z, error)
                 raise
 
@@ -542,12 +599,13 @@ class Potential:
             return tr.log_likelihood()
 
         latent = {name: values[name] for name in self.site_names}
+        batch = _loop_over_chains if self.chains_looped else torch.func.vmap
         from ..validation import enable_validation, is_validation_enabled
 
         was = is_validation_enabled()
         enable_validation(False)  # per-draw values need no re-checking
         try:
-            return torch.func.vmap(single)(latent)
+            return batch(single)(latent)
         finally:
             enable_validation(was)
 
