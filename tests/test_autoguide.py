@@ -10,6 +10,7 @@ from torch.optim.lr_scheduler import ExponentialLR
 import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.distributions import biject_to
+from probtorch.inference import Predictive
 from probtorch.inference.autoguide import (
     AutoDelta,
     AutoDiagonalNormal,
@@ -323,6 +324,28 @@ def test_summaries_need_setup_and_params():
         guide.median(params={})
     with pytest.raises(KeyError, match="fit the guide first"):
         guide.median()  # the default store is empty
+
+
+def test_summaries_after_svi_steps_read_the_fitted_params():
+    """Pyro's loop of svi.step and then guide.median() / quantiles() / Predictive(guide=):
+    SVI keeps its params in its own store, which the summaries did not read (a KeyError,
+    or the init values of a store the guide had been called in before)."""
+    y = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    guide = AutoNormal(normal_means)
+    _run_guide(guide, y)  # a direct call first: init params in the default store
+    svi = SVI(normal_means, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=False)
+    for _ in range(30):
+        svi.step(y)
+    fitted = svi.get_params()
+    torch.testing.assert_close(guide.median()["mu"], fitted["auto.loc.mu"])
+    torch.testing.assert_close(guide.median(), guide.median(fitted))
+    torch.testing.assert_close(guide.quantiles([0.25]), guide.quantiles([0.25], fitted))
+    predictive = Predictive(normal_means, guide=guide, num_samples=4000, return_sites=["mu"])
+    draws = predictive(y, seed=0)["mu"]
+    assert float((draws.mean(0) - fitted["auto.loc.mu"]).abs().max()) < 0.05
+    # a store the caller chooses is read as before
+    with pt.param_scope(pt.get_param_store()):
+        assert not torch.allclose(guide.median()["mu"], fitted["auto.loc.mu"])
 
 
 def test_prototype_hides_model_from_outer_handlers():

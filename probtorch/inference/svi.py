@@ -449,7 +449,10 @@ class SVI:
     from given parameters with a fresh optimizer state. Changes made to the store between
     steps (``svi.param_store[name] = value``, ``set_state``, ``load``, ``clear``, or a
     registered module's ``load_state_dict``) are what the next step starts from; writes
-    through ``.data`` are not seen (write under ``torch.no_grad()`` instead).
+    through ``.data`` are not seen (write under ``torch.no_grad()`` instead). An autoguide
+    reads its params from the store of the last SVI made with it where none are given, so
+    ``guide.median()``, ``guide.quantiles(...)`` and ``Predictive(model, guide=guide)`` after
+    ``svi.step`` show the fitted guide, as in Pyro.
 
     Example::
 
@@ -493,6 +496,8 @@ class SVI:
         self.seed = int(seed)
         self.steps_per_call = int(steps_per_call)
         self.param_store = ParamStore()
+        if hasattr(guide, "fitted_store"):  # an autoguide reads its fitted params from here
+            guide.fitted_store = self.param_store
         self._rng_state = None
         self._initialized = False
         self._blocks: dict[tuple, Callable] = {}

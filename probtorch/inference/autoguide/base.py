@@ -27,7 +27,7 @@ from torch.distributions.transforms import ComposeTransform, IndependentTransfor
 from ...handlers import Trace, block, seed, substitute, trace
 from ...params import ParamStore, param_scope
 from ...primitives import param, plate
-from ...runtime import CondIndepStackFrame, Message
+from ...runtime import CondIndepStackFrame, Message, get_stack
 from ...validation import num_event_dims, torch_validation
 from ..angles import UnitVectorFromSpace, unconstraining_transform
 from ..init_strategies import init_to_median
@@ -221,6 +221,10 @@ class AutoGuide:
         self.latents: dict[str, LatentSite] = {}
         # Params that do not come from a store (the guide of a Laplace approximation).
         self._fixed_params: dict[str, torch.Tensor] | None = None
+        # The store of the last SVI made with this guide, read where the active store does
+        # not have the guide's params (Pyro's guide.median() after svi.step, whose params
+        # live in one global store)
+        self.fitted_store: ParamStore | None = None
 
     # -- the prototype ---------------------------------------------------------------
     def _setup_prototype(self, *args, **kwargs) -> None:
@@ -350,14 +354,27 @@ class AutoGuide:
                     )
                 values[short] = torch.as_tensor(params[name])
             else:
-                try:
-                    values[short] = param(name)
-                except KeyError:
-                    raise KeyError(
-                        f"{type(self).__name__}: param {name!r} is not in the active param "
-                        f"store; fit the guide first, or pass params= (SVI's result.params)"
-                    ) from None
+                values[short] = self._stored(name)
         return values
+
+    def _stored(self, name: str) -> torch.Tensor:
+        """The param ``name`` from the store of the last SVI made with this guide (what it
+        was fitted to) or, where the caller chose a store (``param_scope``) or no SVI
+        has it, from the active store."""
+        fitted = self.fitted_store
+        chosen = any(isinstance(h, param_scope) for h in get_stack())
+        if fitted is not None and name in fitted and not chosen:
+            return fitted[name]
+        try:
+            return param(name)
+        except KeyError:
+            pass
+        raise KeyError(
+            f"{type(self).__name__}: param {name!r} is not in the active param store"
+            + (" nor in its SVI's" if self.fitted_store is not None else "")
+            + "; fit the guide first (SVI.step or SVI.run), or pass params= (svi.get_params() "
+            "or SVI.run's result.params)"
+        )
 
     # -- the guide -------------------------------------------------------------------
     def __call__(self, *args, **kwargs) -> dict[str, torch.Tensor]:
