@@ -309,10 +309,18 @@ def test_initialization_error_names_the_site_with_infinite_gradient(float64):
         )
 
 
-def _written_in_place(y):
+def _written_in_place(y, form="slice"):
     theta = pt.sample("theta", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
     x = torch.zeros(4, dtype=y.dtype)
-    x[1:] = theta  # a latent written into a tensor the model made: vmap cannot batch it
+    # a latent written into a tensor the model made: vmap cannot batch it
+    if form == "slice":
+        x[1:] = theta
+    elif form == "index":
+        x[torch.tensor([1, 2, 3])] = theta
+    else:  # an in-place add: torch's error names no vmap, only the shapes
+        tail = torch.zeros(3, dtype=y.dtype)
+        tail += theta
+        x = torch.cat([x[:1], tail])
     pt.deterministic("x", x)
     pt.sample("y", dist.Normal(x, 0.5).to_event(1), obs=y)
 
@@ -324,13 +332,14 @@ def _concatenated(y):
     pt.sample("y", dist.Normal(x, 0.5).to_event(1), obs=y)
 
 
-def test_a_model_that_writes_latents_in_place_is_evaluated_chain_by_chain(float64):
+@pytest.mark.parametrize("form", ["slice", "index", "add"])
+def test_a_model_that_writes_latents_in_place_is_evaluated_chain_by_chain(form, float64):
     """vmap cannot write batched values into a tensor the model created; the potential
     evaluates the chains one after another instead, with a warning that says how to
     vectorize the model. Values, gradients and constrained values equal the vectorized
     model's."""
     y = torch.tensor([0.0, 0.3, 1.0, -0.5])
-    looped = Potential(_written_in_place, (y,), compile=False)
+    looped = Potential(_written_in_place, (y, form), compile=False)
     vectorized = Potential(_concatenated, (y,), compile=False)
     z = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
     with pytest.warns(UserWarning, match=r"writes latent values into a tensor.*torch\.cat"):

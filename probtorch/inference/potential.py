@@ -169,13 +169,6 @@ def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
     return tracer.trace
 
 
-def _unbatchable_write(error: RuntimeError) -> bool:
-    """Whether ``vmap`` failed on an in-place write of batched values into a tensor that
-    is not batched (one the model created), which evaluating chain by chain avoids."""
-    text = str(error)
-    return "vmap" in text and "inplace" in text.replace("in-place", "inplace")
-
-
 def _loop_over_chains(fn: Callable) -> Callable:
     """``fn`` of one chain's values for a batch of chains, by a loop over the leading
     dimension (outputs stacked): ``vmap``'s stand-in for models it cannot batch.
@@ -342,6 +335,22 @@ class Potential:
         self.chains_looped = True
         self._batch_over_chains(_loop_over_chains)
 
+    def _unbatchable_write(self, error: RuntimeError, z: torch.Tensor) -> bool:
+        """Whether ``vmap`` failed on an in-place write of batched values into a tensor
+        that is not batched (one the model created: ``x[1:] = theta``, ``x[idx] = theta``,
+        ``x += theta``), which evaluating chain by chain avoids."""
+        text = str(error)
+        if "vmap" in text and "is not possible because there exists a Tensor" in text:
+            return True
+        if "doesn't match the broadcast shape" not in text or z.dim() != 2 or not len(z):
+            return False
+        try:  # an in-place add's error also comes from wrong shapes: one chain must run
+            with nan_on_failure():
+                torch.func.grad_and_value(self._single_potential)(z[0].detach())
+        except Exception:  # noqa: BLE001 - the model fails on its own: not the batching
+            return False
+        return True
+
     def arguments_unchanged(self) -> bool:
         """Whether no tensor argument was changed in place since the potential was made
         (the laid-out copies would then hold old values)."""
@@ -502,7 +511,7 @@ class Potential:
                 self._value_and_grad = self._batched_value_and_grad
                 return self._explained(name, z)
             except RuntimeError as error:
-                if not self.chains_looped and _unbatchable_write(error):
+                if not self.chains_looped and self._unbatchable_write(error, z):
                     self._loop_chains(error)
                     return self._explained(name, z)
                 self._explain_failure(z, error)
