@@ -1486,3 +1486,100 @@ def test_hmc_reports_no_tree_depth():
     mcmc.run(_vector_data(), extra_fields=("num_steps", "accept_prob"))
     stats = mcmc.to_inference_data().sample_stats
     assert "tree_depth" not in stats and {"n_steps", "acceptance_rate"} <= set(stats)
+
+
+# -- kernel options a NumPyro or Stan user passes -----------------------------------------------
+def test_inverse_mass_matrix_as_numpyro_blocks_equals_the_flat_array():
+    """NumPyro's dict of blocks by site names gives the run its flat array does."""
+    y = _vector_data()
+    runs = []
+    for given, dense in [
+        ({("scale",): torch.tensor([2.0]), ("loc",): torch.tensor([1.0, 0.5, 3.0])}, False),
+        (torch.tensor([1.0, 0.5, 3.0, 2.0]), False),
+        ({("loc", "scale"): torch.diag(torch.tensor([1.0, 0.5, 3.0, 2.0]))}, True),
+    ]:
+        mcmc = _mcmc(
+            vector_model,
+            num_warmup=0,
+            num_samples=10,
+            inverse_mass_matrix=given,
+            dense_mass=dense,
+            adapt_mass_matrix=False,
+            step_size=0.3,
+        )
+        mcmc.run(y)
+        runs.append(mcmc)
+    expected = torch.tensor([1.0, 0.5, 3.0, 2.0])
+    assert torch.equal(runs[0].last_state.inverse_mass, expected.expand(2, 4))
+    torch.testing.assert_close(runs[0].get_samples()["loc"], runs[1].get_samples()["loc"])
+    assert torch.equal(runs[2].last_state.inverse_mass[0], torch.diag(expected))
+
+
+@pytest.mark.parametrize(
+    "given, dense, match",
+    [
+        ({("nope",): torch.ones(1)}, False, r"names \['nope'\], which are not latent sites"),
+        ({("loc",): torch.ones(2)}, False, r"\('loc',\)\] must have shape \(3,\)"),
+        ({("loc",): torch.ones(3)}, True, r"\('loc',\)\] must have shape \(3, 3\)"),
+        (torch.eye(4), False, r"got \(4, 4\).*pass dense_mass=True"),
+        (torch.tensor([1.0, -1.0, 1.0, 1.0]), False, r"must be positive, got entries \[-1.0\]"),
+        (torch.tensor([1.0, float("nan"), 1.0, 1.0]), False, "not finite"),
+        (torch.diag(torch.tensor([1.0, 1.0, 1.0, -2.0])), True, "positive definite"),
+    ],
+    ids=["unknown-site", "block-shape", "dense-block-shape", "matrix-for-diagonal",
+         "negative", "nan", "not-positive-definite"],
+)  # fmt: skip
+def test_an_inverse_mass_matrix_the_sampler_cannot_use_is_refused(given, dense, match):
+    # each of these ran: a negative or NaN entry froze every chain (all transitions
+    # divergent), a matrix for a diagonal metric became one diagonal per chain
+    mcmc = _mcmc(
+        vector_model,
+        num_chains=4,
+        num_warmup=0,
+        num_samples=5,
+        inverse_mass_matrix=given,
+        dense_mass=dense,
+        adapt_mass_matrix=False,
+    )
+    with pytest.raises(ValueError, match=match):
+        mcmc.run(_vector_data())
+
+
+def test_find_heuristic_step_size_false_keeps_the_step_size_through_the_windows():
+    def heuristic_runs(**options):
+        kernel = NUTS(vector_model, step_size=0.05, compile=False, **options)
+        calls, reset = [], kernel.reset_step_size
+        kernel.reset_step_size = lambda state: calls.append(1) or reset(state)
+        mcmc = MCMC(kernel, num_warmup=150, num_samples=5, num_chains=2, progress_bar=False)
+        mcmc.run(_vector_data())
+        return len(calls)
+
+    # Stan's heuristic runs at set-up and at the end of the one slow window of 150 warmup
+    # draws; NumPyro's flag turns it off everywhere (it ran at the window's end)
+    assert heuristic_runs() == 2
+    assert heuristic_runs(find_heuristic_step_size=False) == 0
+
+
+@pytest.mark.parametrize(
+    "kernel, options, error, match",
+    [
+        (HMC, {"max_steps": 0}, ValueError, "max_steps must be >= 1"),  # it hung
+        (NUTS, {"max_delta_energy": float("nan")}, ValueError, "max_delta_energy"),
+        (NUTS, {"max_delta_energy": -1.0}, ValueError, "max_delta_energy"),
+        (NUTS, {"step_size": float("inf")}, ValueError, "positive and finite"),
+        (HMC, {"num_steps": 2.5}, TypeError, "num_steps must be an integer"),
+        (NUTS, {"max_tree_depth": 3.5}, TypeError, "max_tree_depth must be an integer"),
+        (NUTS, {"max_tree_depth": "3"}, TypeError, "max_tree_depth must be an integer"),
+    ],
+)
+def test_kernel_options_out_of_their_domain_are_refused(kernel, options, error, match):
+    with pytest.raises(error, match=match):
+        kernel(vector_model, **options)
+
+
+def test_integer_options_take_numpy_integers_and_extra_fields_one_name():
+    assert NUTS(vector_model, max_tree_depth=np.int64(4)).max_tree_depth == 4
+    assert HMC(vector_model, num_steps=np.int32(3)).num_steps == 3
+    mcmc = _mcmc(vector_model, num_warmup=5, num_samples=5)
+    mcmc.run(_vector_data(), extra_fields="accept_prob")  # its letters were names before
+    assert mcmc.get_extra_fields()["accept_prob"].shape == (10,)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import operator
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -172,6 +173,75 @@ def _mass_blocks(dense_mass) -> list[tuple[str, ...]] | None:
     return [tuple(g) for g in dense_mass]
 
 
+def _inverse_mass_from_blocks(potential: Potential, blocks: dict, dense: bool) -> torch.Tensor:
+    """NumPyro's ``inverse_mass_matrix`` dict (tuples of site names -> each block's
+    diagonal, or its matrix with ``dense_mass``) as one array over the flat vector; the
+    coordinates of sites in no block keep 1 on the diagonal.
+
+    >>> import probtorch as pt, probtorch.distributions as dist
+    >>> def model():
+    ...     pt.sample("a", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+    ...     pt.sample("b", dist.Normal(0.0, 1.0))
+    >>> _inverse_mass_from_blocks(
+    ...     Potential(model, compile=False), {("b",): torch.tensor([4.0])}, False)
+    tensor([1., 1., 4.])
+    """
+    sites = {s.name: s for s in potential.sites}
+    inverse_mass = torch.ones(potential.dim, dtype=potential.dtype, device=potential.device)
+    if dense:
+        inverse_mass = torch.diag(inverse_mass)
+    for names, value in blocks.items():
+        names = (names,) if isinstance(names, str) else tuple(names)
+        unknown = [n for n in names if n not in sites]
+        if unknown:
+            raise ValueError(
+                f"inverse_mass_matrix names {unknown}, which are not latent sites of this "
+                f"model; its latent sites are {potential.site_names}"
+            )
+        index = torch.cat(
+            [torch.arange(sites[n].offset, sites[n].offset + sites[n].size) for n in names]
+        ).to(potential.device)
+        value = torch.as_tensor(value, dtype=potential.dtype, device=potential.device)
+        n = len(index)
+        if value.shape == (n,) and not dense:
+            inverse_mass[index] = value
+        elif value.shape == (n, n) and dense:
+            inverse_mass[index[:, None], index] = value
+        else:
+            want = (n, n) if dense else (n,)
+            raise ValueError(
+                f"inverse_mass_matrix[{names!r}] must have shape {want} for those sites' {n} "
+                f"unconstrained dims (dense_mass={dense}), got {tuple(value.shape)}"
+            )
+    return inverse_mass
+
+
+def _integer(name: str, value) -> int:
+    """``value`` as an int (NumPy's integers too), refusing 2.5 and "3" by ``name``."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _check_positive_metric(inverse_mass: torch.Tensor, dense: bool) -> None:
+    """Refuse an inverse mass matrix that is not finite and positive (definite): with one,
+    every transition diverged and the chains stood still."""
+    if not bool(torch.isfinite(inverse_mass).all()):
+        raise ValueError("inverse_mass_matrix has entries that are not finite")
+    if not dense:
+        if not bool((inverse_mass > 0).all()):
+            bad = inverse_mass[inverse_mass <= 0][:5].tolist()
+            raise ValueError(f"inverse_mass_matrix must be positive, got entries {bad}")
+        return
+    _, info = torch.linalg.cholesky_ex(inverse_mass)
+    if bool((info != 0).any()):
+        raise ValueError(
+            "inverse_mass_matrix (dense_mass=True) must be symmetric positive definite; its "
+            "Cholesky factorization failed"
+        )
+
+
 def block_mass_mask(potential: Potential, blocks: list | None) -> torch.Tensor | None:
     """The (D, D) mask of a structured dense metric: each block's sites jointly, every other
     coordinate on the diagonal; None for a diagonal or fully dense one.
@@ -290,8 +360,8 @@ class _HamiltonianKernel:
         given, what = (model, "model") if potential_fn is None else (potential_fn, "potential_fn")
         if not callable(given):
             raise TypeError(f"{type(self).__name__}: {what} must be callable, got {given!r}")
-        if not step_size > 0:
-            raise ValueError(f"step_size must be positive, got {step_size}")
+        if not 0 < step_size < math.inf:
+            raise ValueError(f"step_size must be positive and finite, got {step_size}")
         if not 0 < target_accept_prob < 1:
             raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob}")
         self.model = model
@@ -358,20 +428,34 @@ class _HamiltonianKernel:
         return state
 
     def _initial_inverse_mass(self, num_chains: int, dim: int, z0: torch.Tensor) -> torch.Tensor:
+        """The given ``inverse_mass_matrix`` (the identity if none) for every chain: of
+        shape ``(D,)`` (``(D, D)`` with ``dense_mass``), one per chain ``(num_chains,
+        ...)``, or NumPyro's dict of blocks by tuples of site names; checked positive."""
         given = self.inverse_mass_matrix
+        expected = (dim, dim) if self.dense_mass else (dim,)
+        if isinstance(given, dict):
+            given = _inverse_mass_from_blocks(self.potential, given, self.dense_mass)
         if given is None:
             eye = torch.ones(dim, dtype=z0.dtype, device=z0.device)
             given = torch.diag(eye) if self.dense_mass else eye
         given = torch.as_tensor(given, dtype=z0.dtype, device=z0.device)
-        expected = (dim, dim) if self.dense_mass else (dim,)
-        if given.shape[-len(expected) :] != expected:
+        square = not self.dense_mass and given.shape == (dim, dim)  # a matrix, or per chain?
+        if given.shape not in (expected, (num_chains, *expected)) or square:
+            hint = (
+                " (a matrix for a diagonal metric: pass dense_mass=True, or its diagonal; "
+                "one diagonal per chain cannot be told from a matrix when num_chains equals "
+                "the dims)"
+                if square or (not self.dense_mass and given.shape[-2:] == (dim, dim))
+                else ""
+            )
             raise ValueError(
                 f"inverse_mass_matrix must have shape {expected} (dense_mass={self.dense_mass}) "
-                f"for the {dim} unconstrained dims of sites {self.potential.site_names}, got "
-                f"{tuple(given.shape)}"
+                f"or {(num_chains, *expected)} (one per chain) for the {dim} unconstrained "
+                f"dims of sites {self.potential.site_names}, got {tuple(given.shape)}{hint}"
             )
         if self.dense_mass:  # exactly symmetric: see integrator.velocity
             given = self.restrict_mass(0.5 * (given + given.transpose(-1, -2)))
+        _check_positive_metric(given, self.dense_mass)
         return given.expand((num_chains,) + expected).clone()
 
     def restrict_mass(self, inverse_mass: torch.Tensor) -> torch.Tensor:
@@ -509,11 +593,18 @@ class NUTS(_HamiltonianKernel):
             The blocks are kept as a dense matrix with zeros between them: the estimate of
             a block-diagonal metric at the cost per step of a dense one (a given
             ``inverse_mass_matrix`` is cut to the blocks too).
-        inverse_mass_matrix: the initial inverse mass matrix, ``(D,)`` or ``(D, D)``.
+        inverse_mass_matrix: the initial inverse mass matrix over the ``D`` unconstrained
+            dims, ``(D,)`` or, with ``dense_mass``, ``(D, D)`` (positive, or symmetric
+            positive definite); one per chain with a leading ``num_chains``; or NumPyro's
+            dict from tuples of site names to each block's diagonal (matrix with
+            ``dense_mass``), 1 on the diagonal elsewhere.
         target_accept_prob: the acceptance statistic dual averaging aims for.
         max_tree_depth: at most ``2**max_tree_depth - 1`` leapfrog steps per draw.
         init_strategy: where chains start (see :mod:`probtorch.inference.init_strategies`).
-        max_delta_energy: an energy error above this is a divergence.
+        find_heuristic_step_size: run Stan's step-size heuristic at set-up and after each
+            mass-matrix window (on by default, as Stan; ``False`` keeps ``step_size`` as the
+            start of every window's dual averaging, NumPyro's default).
+        max_delta_energy: an energy error above this is a divergence (positive).
         compile: compile the sampler (default: ``PROBTORCH_COMPILE``, on).
         chunk_size: leapfrog iterations unrolled per compiled call. Compile time grows with
             it, the host overhead per iteration shrinks. Eight schools (centered, 4 chains,
@@ -584,8 +675,14 @@ class NUTS(_HamiltonianKernel):
                 f"max_tree_depth must be one integer, got {max_tree_depth!r}: NumPyro's "
                 f"(warmup, sampling) pair is not supported"
             )
+        max_tree_depth = _integer("max_tree_depth", max_tree_depth)
         if not 1 <= max_tree_depth <= 20:
             raise ValueError(f"max_tree_depth must lie in [1, 20], got {max_tree_depth}")
+        if not 0 < max_delta_energy < math.inf:
+            raise ValueError(
+                f"max_delta_energy must be positive and finite, got {max_delta_energy} (an "
+                f"energy error above it is a divergence; Stan's and NumPyro's is 1000)"
+            )
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.max_tree_depth = int(max_tree_depth)
@@ -866,8 +963,13 @@ class HMC(_HamiltonianKernel):
         super().__init__(model, **kwargs)
         if num_steps is not None and trajectory_length is not None:
             raise ValueError("give num_steps or trajectory_length, not both")
-        if num_steps is not None and num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        if num_steps is not None:
+            num_steps = _integer("num_steps", num_steps)
+            if num_steps < 1:
+                raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        max_steps = _integer("max_steps", max_steps)
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if trajectory_length is not None and not trajectory_length > 0:
             raise ValueError(f"trajectory_length must be positive, got {trajectory_length}")
         if block_size < 1:

@@ -196,6 +196,8 @@ class MCMC:
     def _run(
         self, args, kwargs, init_params, extra_fields, warmup_only=False, collect_warmup=False
     ) -> None:
+        if isinstance(extra_fields, str):  # one name, not its letters
+            extra_fields = (extra_fields,)
         fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
         available = [n for n in STAT_NAMES if n != "tree_depth" or self._builds_trees()]
         unknown = set(fields) - set(STAT_NAMES)

@@ -84,8 +84,8 @@ def run_warmup(kernel, state, num_warmup: int, progress: Callable | None = None)
             state = state._replace(
                 inverse_mass=inverse_mass, mass_sqrt=mass_sqrt_from_inverse(inverse_mass)
             )
-            if kernel.adapt_step_size:
-                state = kernel.reset_step_size(state)
+            if kernel.adapt_step_size and kernel.find_heuristic_step_size:
+                state = kernel.reset_step_size(state)  # Stan's; NumPyro's when asked
             adapt = init_adapt_state(state, kernel.dense_mass)
     if kernel.adapt_step_size and num_warmup > 0:
         state = state._replace(step_size=dual_averaging_final(adapt.dual_averaging))
