@@ -159,7 +159,7 @@ def _sum_rightmost(value: torch.Tensor, dim: int) -> torch.Tensor:
     rightmost dimensions instead of reshaped (see the module doc)."""
     if dim == 0 or value.numel() != 0:
         return _torch_sum_rightmost(value, dim)
-    return value.sum(tuple(range(-dim, 0)))
+    return value.sum(tuple(range(-min(dim, value.dim()), 0)))  # all dims if dim > value.dim()
 
 
 def _pyro_sum_rightmost_for_empty(pyro_sum_rightmost):

@@ -327,8 +327,8 @@ def test_summaries_need_setup_and_params():
 
 
 def test_summaries_after_svi_steps_read_the_fitted_params():
-    """Pyro's loop of svi.step and then guide.median() / quantiles() / Predictive(guide=):
-    SVI keeps its params in its own store, which the summaries did not read (a KeyError,
+    """Pyro's loop of svi.step and then guide.median() / quantiles() / Predictive(guide=)
+    / guide(): SVI keeps its params in its own store, which these did not read (a KeyError,
     or the init values of a store the guide had been called in before)."""
     y = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
     guide = AutoNormal(normal_means)
@@ -343,9 +343,18 @@ def test_summaries_after_svi_steps_read_the_fitted_params():
     predictive = Predictive(normal_means, guide=guide, num_samples=4000, return_sites=["mu"])
     draws = predictive(y, seed=0)["mu"]
     assert float((draws.mean(0) - fitted["auto.loc.mu"]).abs().max()) < 0.05
+    # a direct call draws from the fitted guide too (scale 0.1 at init, ~0.3 fitted)
+    direct = torch.stack([_run_guide(guide, y, seed=i)["mu"].value for i in range(2000)])
+    assert float((direct.mean(0) - fitted["auto.loc.mu"]).abs().max()) < 0.05
+    torch.testing.assert_close(direct.std(0), fitted["auto.scale.mu"], rtol=0.1, atol=0)
     # a store the caller chooses is read as before
     with pt.param_scope(pt.get_param_store()):
         assert not torch.allclose(guide.median()["mu"], fitted["auto.loc.mu"])
+    # a second SVI takes the guide over once it fits, not when it is made
+    other = SVI(normal_means, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=False)
+    torch.testing.assert_close(guide.median()["mu"], fitted["auto.loc.mu"])
+    other.step(y)
+    torch.testing.assert_close(guide.median()["mu"], other.get_params()["auto.loc.mu"])
 
 
 def test_prototype_hides_model_from_outer_handlers():

@@ -1513,6 +1513,37 @@ def test_inverse_mass_matrix_as_numpyro_blocks_equals_the_flat_array():
     assert torch.equal(runs[0].last_state.inverse_mass, expected.expand(2, 4))
     torch.testing.assert_close(runs[0].get_samples()["loc"], runs[1].get_samples()["loc"])
     assert torch.equal(runs[2].last_state.inverse_mass[0], torch.diag(expected))
+    # NumPyro's form under structured dense_mass: a matrix per dense block, a vector else
+    block = torch.tensor([[1.0, 0.2, 0.0], [0.2, 0.5, 0.1], [0.0, 0.1, 3.0]])
+    mcmc = _mcmc(
+        vector_model,
+        num_warmup=0,
+        num_samples=5,
+        dense_mass=[("loc",)],
+        inverse_mass_matrix={("loc",): block, ("scale",): torch.tensor([2.0])},
+        adapt_mass_matrix=False,
+    )
+    mcmc.run(y)
+    assert torch.equal(mcmc.last_state.inverse_mass[0], torch.block_diag(block, torch.eye(1) * 2))
+
+
+def test_inverse_mass_matrix_one_per_chain():
+    """One diagonal per chain (a run's last_state.inverse_mass), also when num_chains
+    equals the dims; (1, D) is every chain's."""
+    y = _vector_data()
+    per_chain = torch.tensor([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0],
+                              [1.0, 1.0, 2.0, 2.0], [2.0, 2.0, 1.0, 1.0]])  # fmt: skip
+    for given, chains in [(per_chain, 4), (per_chain[:3], 3), (per_chain[:1], 2)]:
+        mcmc = _mcmc(
+            vector_model,
+            num_chains=chains,
+            num_warmup=0,
+            num_samples=3,
+            inverse_mass_matrix=given,
+            adapt_mass_matrix=False,
+        )
+        mcmc.run(y)
+        assert torch.equal(mcmc.last_state.inverse_mass, given.expand(chains, 4))
 
 
 @pytest.mark.parametrize(
@@ -1520,14 +1551,15 @@ def test_inverse_mass_matrix_as_numpyro_blocks_equals_the_flat_array():
     [
         ({("nope",): torch.ones(1)}, False, r"names \['nope'\], which are not latent sites"),
         ({("loc",): torch.ones(2)}, False, r"\('loc',\)\] must have shape \(3,\)"),
-        ({("loc",): torch.ones(3)}, True, r"\('loc',\)\] must have shape \(3, 3\)"),
-        (torch.eye(4), False, r"got \(4, 4\).*pass dense_mass=True"),
+        ({("loc",): torch.ones(2)}, True, r"\('loc',\)\] must have shape \(3,\) or \(3, 3\)"),
+        ({("loc",): torch.ones(3), ("loc", "scale"): torch.ones(4)}, False, "more than one"),
+        (torch.eye(4) + 0.5, False, r"got \(4, 4\).*pass dense_mass=True"),
         (torch.tensor([1.0, -1.0, 1.0, 1.0]), False, r"must be positive, got entries \[-1.0\]"),
         (torch.tensor([1.0, float("nan"), 1.0, 1.0]), False, "not finite"),
         (torch.diag(torch.tensor([1.0, 1.0, 1.0, -2.0])), True, "positive definite"),
     ],
-    ids=["unknown-site", "block-shape", "dense-block-shape", "matrix-for-diagonal",
-         "negative", "nan", "not-positive-definite"],
+    ids=["unknown-site", "block-shape", "dense-block-shape", "site-twice",
+         "matrix-for-diagonal", "negative", "nan", "not-positive-definite"],
 )  # fmt: skip
 def test_an_inverse_mass_matrix_the_sampler_cannot_use_is_refused(given, dense, match):
     # each of these ran: a negative or NaN entry froze every chain (all transitions
@@ -1566,6 +1598,7 @@ def test_find_heuristic_step_size_false_keeps_the_step_size_through_the_windows(
         (HMC, {"max_steps": 0}, ValueError, "max_steps must be >= 1"),  # it hung
         (NUTS, {"max_delta_energy": float("nan")}, ValueError, "max_delta_energy"),
         (NUTS, {"max_delta_energy": -1.0}, ValueError, "max_delta_energy"),
+        (NUTS, {"max_delta_energy": 0.0}, ValueError, "max_delta_energy"),
         (NUTS, {"step_size": float("inf")}, ValueError, "positive and finite"),
         (HMC, {"num_steps": 2.5}, TypeError, "num_steps must be an integer"),
         (NUTS, {"max_tree_depth": 3.5}, TypeError, "max_tree_depth must be an integer"),
@@ -1579,7 +1612,9 @@ def test_kernel_options_out_of_their_domain_are_refused(kernel, options, error, 
 
 def test_integer_options_take_numpy_integers_and_extra_fields_one_name():
     assert NUTS(vector_model, max_tree_depth=np.int64(4)).max_tree_depth == 4
+    assert NUTS(vector_model, max_tree_depth=6.0).max_tree_depth == 6
     assert HMC(vector_model, num_steps=np.int32(3)).num_steps == 3
+    assert NUTS(vector_model, max_delta_energy=float("inf")).max_delta_energy == float("inf")
     mcmc = _mcmc(vector_model, num_warmup=5, num_samples=5)
     mcmc.run(_vector_data(), extra_fields="accept_prob")  # its letters were names before
     assert mcmc.get_extra_fields()["accept_prob"].shape == (10,)

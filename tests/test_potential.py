@@ -342,7 +342,7 @@ def test_a_model_that_writes_latents_in_place_is_evaluated_chain_by_chain(form, 
     looped = Potential(_written_in_place, (y, form), compile=False)
     vectorized = Potential(_concatenated, (y,), compile=False)
     z = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
-    with pytest.warns(UserWarning, match=r"writes latent values into a tensor.*torch\.cat"):
+    with pytest.warns(UserWarning, match=r"writes latent values in place.*torch\.cat"):
         value, grad = looped.value_and_grad(z)
     assert looped.chains_looped and not vectorized.chains_looped
     expected = vectorized.value_and_grad(z)
@@ -353,6 +353,8 @@ def test_a_model_that_writes_latents_in_place_is_evaluated_chain_by_chain(form, 
     torch.testing.assert_close(
         looped.log_likelihood(draws)["y"], vectorized.log_likelihood(draws)["y"]
     )
+    fresh = Potential(_written_in_place, (y, form), compile=False)  # nothing evaluated yet
+    torch.testing.assert_close(fresh.log_likelihood(draws)["y"], looped.log_likelihood(draws)["y"])
 
 
 def test_nuts_samples_a_model_that_writes_latents_in_place_compiled_as_eager(float64):

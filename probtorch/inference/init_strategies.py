@@ -81,7 +81,10 @@ def init_to_feasible(site: Message | None = None):
         return init_to_feasible
     if not _is_latent(site):
         return None
-    transform = unconstraining_transform(site.fn)
+    try:
+        transform = unconstraining_transform(site.fn)
+    except NotImplementedError:  # no map from unconstrained space: whoever needs it says so
+        return init_to_sample(site)
     u = torch.zeros(transform.inverse_shape(_site_shape(site)), dtype=_dtype_of(site))
     if isinstance(transform, UnitVectorFromSpace):
         u[..., 0] = 1.0
@@ -110,8 +113,8 @@ def init_to_mean(site: Message | None = None, num_samples: int = 15):
     try:
         mean = site.fn.mean.detach().expand(_site_shape(site)).to(_dtype_of(site))
         usable = bool(torch.isfinite(mean).all()) and bool(site.fn.support.check(mean).all())
-    except (NotImplementedError, AttributeError, RuntimeError):
-        usable = False
+    except (NotImplementedError, AttributeError, RuntimeError, ValueError):
+        usable = False  # no mean, or a support that cannot check it (a dependent one)
     return mean if usable else init_to_median(site, num_samples=num_samples)
 
 

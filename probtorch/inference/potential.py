@@ -169,6 +169,14 @@ def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
     return tracer.trace
 
 
+def _maybe_unbatchable_write(text: str) -> bool:
+    """Whether a ``vmap`` error may come from an in-place write of batched values into a
+    tensor that is not batched: vmap's own message, or (an in-place add) the shapes'."""
+    return (
+        "vmap" in text and "is not possible because there exists a Tensor" in text
+    ) or "doesn't match the broadcast shape" in text
+
+
 def _loop_over_chains(fn: Callable) -> Callable:
     """``fn`` of one chain's values for a batch of chains, by a loop over the leading
     dimension (outputs stacked): ``vmap``'s stand-in for models it cannot batch.
@@ -325,8 +333,8 @@ class Potential:
         writes latent values into a tensor it made (``x[1:] = theta``), which ``vmap``
         cannot batch."""
         warn_at_caller(
-            f"the model writes latent values into a tensor it created (an in-place write such "
-            f"as `x[1:] = theta`), which cannot be vectorized over chains "
+            f"the model writes latent values in place into a tensor (such as `x[1:] = theta` "
+            f"into `x = torch.zeros(5)`), which cannot be vectorized over chains "
             f"({error.__class__.__name__}: {str(error).split('. ')[0]}). probtorch "
             f"evaluates the chains one after another instead: slower, and a compiled "
             f"sampler's graph grows with num_chains. Build the tensor with torch.cat, "
@@ -340,9 +348,11 @@ class Potential:
         that is not batched (one the model created: ``x[1:] = theta``, ``x[idx] = theta``,
         ``x += theta``), which evaluating chain by chain avoids."""
         text = str(error)
-        if "vmap" in text and "is not possible because there exists a Tensor" in text:
+        if not _maybe_unbatchable_write(text):
+            return False
+        if "doesn't match the broadcast shape" not in text:
             return True
-        if "doesn't match the broadcast shape" not in text or z.dim() != 2 or not len(z):
+        if z.dim() != 2 or not len(z):
             return False
         try:  # an in-place add's error also comes from wrong shapes: one chain must run
             with nan_on_failure():
@@ -608,13 +618,18 @@ class Potential:
             return tr.log_likelihood()
 
         latent = {name: values[name] for name in self.site_names}
-        batch = _loop_over_chains if self.chains_looped else torch.func.vmap
         from ..validation import enable_validation, is_validation_enabled
 
         was = is_validation_enabled()
         enable_validation(False)  # per-draw values need no re-checking
         try:
-            return batch(single)(latent)
+            if not self.chains_looped:
+                try:
+                    return torch.func.vmap(single)(latent)
+                except RuntimeError as error:
+                    if not _maybe_unbatchable_write(str(error)):
+                        raise
+            return _loop_over_chains(single)(latent)  # a model with in-place writes
         finally:
             enable_validation(was)
 

@@ -419,6 +419,25 @@ class _BarFeed:
         self.next_time = time.monotonic() + self.interval
 
 
+def _fitting_guide(method: Callable) -> Callable:
+    """An SVI method during which an autoguide reads its params through the handlers SVI
+    sets up, and after which it reads them from this SVI's store (``fitted_store``)."""
+
+    @functools.wraps(method)
+    def fitting(self, *args, **kwargs):
+        guide = self.guide
+        if not hasattr(guide, "fitted_store"):
+            return method(self, *args, **kwargs)
+        guide.fitted_store = self.param_store
+        was, guide.fitting = guide.fitting, True  # a bool: compiled steps guard on it
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            guide.fitting = was
+
+    return fitting
+
+
 class SVI:
     """Stochastic variational inference: ``SVI(model, guide, optim, loss)``.
 
@@ -449,10 +468,11 @@ class SVI:
     from given parameters with a fresh optimizer state. Changes made to the store between
     steps (``svi.param_store[name] = value``, ``set_state``, ``load``, ``clear``, or a
     registered module's ``load_state_dict``) are what the next step starts from; writes
-    through ``.data`` are not seen (write under ``torch.no_grad()`` instead). An autoguide
-    reads its params from the store of the last SVI made with it where none are given, so
-    ``guide.median()``, ``guide.quantiles(...)`` and ``Predictive(model, guide=guide)`` after
-    ``svi.step`` show the fitted guide, as in Pyro.
+    through ``.data`` are not seen (write under ``torch.no_grad()`` instead). Outside SVI an
+    autoguide reads its params from the store of the last SVI that fitted it (stepped,
+    ran or evaluated it), so ``guide()``, ``guide.median()``, ``guide.quantiles(...)`` and
+    ``Predictive(model, guide=guide)`` after ``svi.step`` show the fitted guide, as in Pyro;
+    inside ``pt.param_scope(store)`` it reads that store.
 
     Example::
 
@@ -496,8 +516,6 @@ class SVI:
         self.seed = int(seed)
         self.steps_per_call = int(steps_per_call)
         self.param_store = ParamStore()
-        if hasattr(guide, "fitted_store"):  # an autoguide reads its fitted params from here
-            guide.fitted_store = self.param_store
         self._rng_state = None
         self._initialized = False
         self._blocks: dict[tuple, Callable] = {}
@@ -520,6 +538,7 @@ class SVI:
             _restore_generators(saved)
 
     # -- set-up --------------------------------------------------------------------------
+    @_fitting_guide
     def init(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Run guide and model once, eagerly, with checks; create the parameters.
 
@@ -977,6 +996,7 @@ class SVI:
         else:
             self._adopt_store_edits(args, kwargs)
 
+    @_fitting_guide
     def step(self, *args, **kwargs) -> float:
         """One optimization step; returns the loss before the update.
 
@@ -995,6 +1015,7 @@ class SVI:
         self._sync_store()
         return losses[0]
 
+    @_fitting_guide
     def evaluate_loss(self, *args, **kwargs) -> float:
         """An estimate of the loss at the current params, without updating them.
 
@@ -1012,6 +1033,7 @@ class SVI:
             self._rng_state = kept
         return float(loss)
 
+    @_fitting_guide
     def run(
         self,
         num_steps: int,

@@ -221,10 +221,11 @@ class AutoGuide:
         self.latents: dict[str, LatentSite] = {}
         # Params that do not come from a store (the guide of a Laplace approximation).
         self._fixed_params: dict[str, torch.Tensor] | None = None
-        # The store of the last SVI made with this guide, read where the active store does
-        # not have the guide's params (Pyro's guide.median() after svi.step, whose params
-        # live in one global store)
+        # The store of the last SVI that fitted this guide: outside SVI the guide reads its
+        # params there (Pyro's guide() and guide.median() after svi.step, whose params live
+        # in one global store), unless the caller chooses a store with param_scope
         self.fitted_store: ParamStore | None = None
+        self.fitting = False  # True while an SVI method runs the guide
 
     # -- the prototype ---------------------------------------------------------------
     def _setup_prototype(self, *args, **kwargs) -> None:
@@ -334,10 +335,23 @@ class AutoGuide:
         """Read (creating on first use) every param through ``probtorch.param``."""
         if self._fixed_params is not None:
             return dict(self._fixed_params)
+        specs = self._param_specs()
+        fitted = self._fitted_source()
+        if fitted is not None and all(self._full_name(short) in fitted for short in specs):
+            return {short: fitted[self._full_name(short)] for short in specs}
         return {
             short: param(self._full_name(short), init, constraint=constraint)
-            for short, (init, constraint) in self._param_specs().items()
+            for short, (init, constraint) in specs.items()
         }
+
+    def _fitted_source(self) -> ParamStore | None:
+        """The store of the SVI that fitted this guide, where the guide runs outside SVI
+        and the caller chose no store (``param_scope``); else None."""
+        if self.fitted_store is None or self.fitting:
+            return None
+        if any(isinstance(h, param_scope) for h in get_stack()):
+            return None
+        return self.fitted_store
 
     def _lookup_params(self, params: dict | None) -> dict[str, torch.Tensor]:
         """Params by short name from ``params`` (full names) or the active param store."""
@@ -358,12 +372,11 @@ class AutoGuide:
         return values
 
     def _stored(self, name: str) -> torch.Tensor:
-        """The param ``name`` from the store of the last SVI made with this guide (what it
-        was fitted to) or, where the caller chose a store (``param_scope``) or no SVI
-        has it, from the active store."""
-        fitted = self.fitted_store
-        chosen = any(isinstance(h, param_scope) for h in get_stack())
-        if fitted is not None and name in fitted and not chosen:
+        """The param ``name`` from the store of the last SVI that fitted this guide or,
+        where the caller chose a store (``param_scope``) or no SVI has it, from the
+        active store."""
+        fitted = self._fitted_source()
+        if fitted is not None and name in fitted:
             return fitted[name]
         try:
             return param(name)
@@ -371,7 +384,7 @@ class AutoGuide:
             pass
         raise KeyError(
             f"{type(self).__name__}: param {name!r} is not in the active param store"
-            + (" nor in its SVI's" if self.fitted_store is not None else "")
+            + (" nor in its SVI's" if self._fitted_source() is not None else "")
             + "; fit the guide first (SVI.step or SVI.run), or pass params= (svi.get_params() "
             "or SVI.run's result.params)"
         )

@@ -175,8 +175,8 @@ def _mass_blocks(dense_mass) -> list[tuple[str, ...]] | None:
 
 def _inverse_mass_from_blocks(potential: Potential, blocks: dict, dense: bool) -> torch.Tensor:
     """NumPyro's ``inverse_mass_matrix`` dict (tuples of site names -> each block's
-    diagonal, or its matrix with ``dense_mass``) as one array over the flat vector; the
-    coordinates of sites in no block keep 1 on the diagonal.
+    diagonal, or with ``dense_mass`` its matrix or diagonal) as one array over the flat
+    vector; the coordinates of sites in no block keep 1 on the diagonal.
 
     >>> import probtorch as pt, probtorch.distributions as dist
     >>> def model():
@@ -190,6 +190,7 @@ def _inverse_mass_from_blocks(potential: Potential, blocks: dict, dense: bool) -
     inverse_mass = torch.ones(potential.dim, dtype=potential.dtype, device=potential.device)
     if dense:
         inverse_mass = torch.diag(inverse_mass)
+    named: set[str] = set()
     for names, value in blocks.items():
         names = (names,) if isinstance(names, str) else tuple(names)
         unknown = [n for n in names if n not in sites]
@@ -198,17 +199,24 @@ def _inverse_mass_from_blocks(potential: Potential, blocks: dict, dense: bool) -
                 f"inverse_mass_matrix names {unknown}, which are not latent sites of this "
                 f"model; its latent sites are {potential.site_names}"
             )
+        twice = sorted(named.intersection(names))
+        if twice:
+            raise ValueError(f"inverse_mass_matrix names site(s) {twice} in more than one block")
+        named.update(names)
         index = torch.cat(
             [torch.arange(sites[n].offset, sites[n].offset + sites[n].size) for n in names]
         ).to(potential.device)
         value = torch.as_tensor(value, dtype=potential.dtype, device=potential.device)
         n = len(index)
-        if value.shape == (n,) and not dense:
-            inverse_mass[index] = value
+        if value.shape == (n,):  # a diagonal block (NumPyro's form outside dense blocks)
+            if dense:
+                inverse_mass[index, index] = value
+            else:
+                inverse_mass[index] = value
         elif value.shape == (n, n) and dense:
             inverse_mass[index[:, None], index] = value
         else:
-            want = (n, n) if dense else (n,)
+            want = f"({n},) or ({n}, {n})" if dense else f"({n},)"
             raise ValueError(
                 f"inverse_mass_matrix[{names!r}] must have shape {want} for those sites' {n} "
                 f"unconstrained dims (dense_mass={dense}), got {tuple(value.shape)}"
@@ -217,7 +225,10 @@ def _inverse_mass_from_blocks(potential: Potential, blocks: dict, dense: bool) -
 
 
 def _integer(name: str, value) -> int:
-    """``value`` as an int (NumPy's integers too), refusing 2.5 and "3" by ``name``."""
+    """``value`` as an int (NumPy's integers and 10.0 too), refusing 2.5 and "3" by
+    ``name``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     try:
         return operator.index(value)
     except TypeError:
@@ -439,19 +450,26 @@ class _HamiltonianKernel:
             eye = torch.ones(dim, dtype=z0.dtype, device=z0.device)
             given = torch.diag(eye) if self.dense_mass else eye
         given = torch.as_tensor(given, dtype=z0.dtype, device=z0.device)
-        square = not self.dense_mass and given.shape == (dim, dim)  # a matrix, or per chain?
-        if given.shape not in (expected, (num_chains, *expected)) or square:
+        allowed = [expected, (1, *expected), (num_chains, *expected)]
+        # a symmetric (D, D) matrix for a diagonal metric is a dense metric given by mistake,
+        # not one diagonal per chain (which num_chains == D would also allow)
+        matrix_given = (
+            not self.dense_mass
+            and given.shape == (dim, dim)
+            and dim > 1
+            and torch.equal(given, given.T)
+            and not bool((given == given[:1]).all())
+        )
+        if given.shape not in allowed or matrix_given:
             hint = (
-                " (a matrix for a diagonal metric: pass dense_mass=True, or its diagonal; "
-                "one diagonal per chain cannot be told from a matrix when num_chains equals "
-                "the dims)"
-                if square or (not self.dense_mass and given.shape[-2:] == (dim, dim))
+                " (a symmetric matrix: for a dense metric pass dense_mass=True, else its diagonal)"
+                if not self.dense_mass and given.shape == (dim, dim)
                 else ""
             )
             raise ValueError(
-                f"inverse_mass_matrix must have shape {expected} (dense_mass={self.dense_mass}) "
-                f"or {(num_chains, *expected)} (one per chain) for the {dim} unconstrained "
-                f"dims of sites {self.potential.site_names}, got {tuple(given.shape)}{hint}"
+                f"inverse_mass_matrix must have shape {expected} (dense_mass={self.dense_mass}), "
+                f"or {(num_chains, *expected)} for one per chain, for the {dim} unconstrained "
+                f"dims of sites {self.potential.site_names}; got {tuple(given.shape)}{hint}"
             )
         if self.dense_mass:  # exactly symmetric: see integrator.velocity
             given = self.restrict_mass(0.5 * (given + given.transpose(-1, -2)))
@@ -602,8 +620,8 @@ class NUTS(_HamiltonianKernel):
         max_tree_depth: at most ``2**max_tree_depth - 1`` leapfrog steps per draw.
         init_strategy: where chains start (see :mod:`probtorch.inference.init_strategies`).
         find_heuristic_step_size: run Stan's step-size heuristic at set-up and after each
-            mass-matrix window (on by default, as Stan; ``False`` keeps ``step_size`` as the
-            start of every window's dual averaging, NumPyro's default).
+            mass-matrix window (on by default, as Stan; with ``False`` each window's dual
+            averaging starts from the step size adapted so far, NumPyro's default).
         max_delta_energy: an energy error above this is a divergence (positive).
         compile: compile the sampler (default: ``PROBTORCH_COMPILE``, on).
         chunk_size: leapfrog iterations unrolled per compiled call. Compile time grows with
@@ -678,10 +696,10 @@ class NUTS(_HamiltonianKernel):
         max_tree_depth = _integer("max_tree_depth", max_tree_depth)
         if not 1 <= max_tree_depth <= 20:
             raise ValueError(f"max_tree_depth must lie in [1, 20], got {max_tree_depth}")
-        if not 0 < max_delta_energy < math.inf:
+        if not max_delta_energy > 0:
             raise ValueError(
-                f"max_delta_energy must be positive and finite, got {max_delta_energy} (an "
-                f"energy error above it is a divergence; Stan's and NumPyro's is 1000)"
+                f"max_delta_energy must be positive, got {max_delta_energy} (an energy error "
+                f"above it is a divergence; Stan's and NumPyro's is 1000, inf counts none)"
             )
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
