@@ -169,9 +169,11 @@ def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
     return tracer.trace
 
 
-def _maybe_unbatchable_write(text: str) -> bool:
-    """Whether a ``vmap`` error may come from an in-place write of batched values into a
-    tensor that is not batched: vmap's own message, or (an in-place add) the shapes'."""
+def _unbatchable_write(text: str) -> bool:
+    """Whether a ``vmap`` error comes from an in-place write of batched values into a
+    tensor that is not batched (``x[1:] = theta``, ``x[idx] = theta``, ``x += theta``):
+    vmap's own message, or (an in-place add) the shapes'. The model has run unbatched at
+    the prototype, so a shape error under vmap is the batching's."""
     return (
         "vmap" in text and "is not possible because there exists a Tensor" in text
     ) or "doesn't match the broadcast shape" in text
@@ -330,7 +332,7 @@ class Potential:
 
     def _loop_chains(self, error: RuntimeError) -> None:
         """Evaluate the chains one after another from now on, with a warning: the model
-        writes latent values into a tensor it made (``x[1:] = theta``), which ``vmap``
+        writes latent values in place into a tensor (``x[1:] = theta``), which ``vmap``
         cannot batch."""
         warn_at_caller(
             f"the model writes latent values in place into a tensor (such as `x[1:] = theta` "
@@ -342,24 +344,6 @@ class Potential:
         )
         self.chains_looped = True
         self._batch_over_chains(_loop_over_chains)
-
-    def _unbatchable_write(self, error: RuntimeError, z: torch.Tensor) -> bool:
-        """Whether ``vmap`` failed on an in-place write of batched values into a tensor
-        that is not batched (one the model created: ``x[1:] = theta``, ``x[idx] = theta``,
-        ``x += theta``), which evaluating chain by chain avoids."""
-        text = str(error)
-        if not _maybe_unbatchable_write(text):
-            return False
-        if "doesn't match the broadcast shape" not in text:
-            return True
-        if z.dim() != 2 or not len(z):
-            return False
-        try:  # an in-place add's error also comes from wrong shapes: one chain must run
-            with nan_on_failure():
-                torch.func.grad_and_value(self._single_potential)(z[0].detach())
-        except Exception:  # noqa: BLE001 - the model fails on its own: not the batching
-            return False
-        return True
 
     def arguments_unchanged(self) -> bool:
         """Whether no tensor argument was changed in place since the potential was made
@@ -521,7 +505,7 @@ class Potential:
                 self._value_and_grad = self._batched_value_and_grad
                 return self._explained(name, z)
             except RuntimeError as error:
-                if not self.chains_looped and self._unbatchable_write(error, z):
+                if not self.chains_looped and _unbatchable_write(str(error)):
                     self._loop_chains(error)
                     return self._explained(name, z)
                 self._explain_failure(z, error)
@@ -627,7 +611,7 @@ class Potential:
                 try:
                     return torch.func.vmap(single)(latent)
                 except RuntimeError as error:
-                    if not _maybe_unbatchable_write(str(error)):
+                    if not _unbatchable_write(str(error)):
                         raise
             return _loop_over_chains(single)(latent)  # a model with in-place writes
         finally:

@@ -384,7 +384,7 @@ class AutoGuide:
             pass
         raise KeyError(
             f"{type(self).__name__}: param {name!r} is not in the active param store"
-            + (" nor in its SVI's" if self._fitted_source() is not None else "")
+            + (" nor in its SVI's" if fitted is not None else "")
             + "; fit the guide first (SVI.step or SVI.run), or pass params= (svi.get_params() "
             "or SVI.run's result.params)"
         )

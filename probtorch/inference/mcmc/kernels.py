@@ -173,6 +173,31 @@ def _mass_blocks(dense_mass) -> list[tuple[str, ...]] | None:
     return [tuple(g) for g in dense_mass]
 
 
+def _site_blocks(potential: Potential, blocks, option: str) -> list:
+    """``(names, index)`` per block of site names: the block's coordinates in the flat
+    vector; a name that is no latent site or a site in two blocks is an error naming
+    ``option``."""
+    sites = {s.name: s for s in potential.sites}
+    seen: set[str] = set()
+    result = []
+    for names in blocks:
+        unknown = [n for n in names if n not in sites]
+        if unknown:
+            raise ValueError(
+                f"{option} names {unknown}, which are not latent sites of this model; its "
+                f"latent sites are {potential.site_names}"
+            )
+        twice = sorted({n for n in names if n in seen or names.count(n) > 1})
+        if twice:
+            raise ValueError(f"{option} puts site(s) {twice} in more than one block")
+        seen.update(names)
+        index = torch.cat(
+            [torch.arange(sites[n].offset, sites[n].offset + sites[n].size) for n in names]
+        ).to(potential.device)
+        result.append((names, index))
+    return result
+
+
 def _inverse_mass_from_blocks(potential: Potential, blocks: dict, dense: bool) -> torch.Tensor:
     """NumPyro's ``inverse_mass_matrix`` dict (tuples of site names -> each block's
     diagonal, or with ``dense_mass`` its matrix or diagonal) as one array over the flat
@@ -186,26 +211,13 @@ def _inverse_mass_from_blocks(potential: Potential, blocks: dict, dense: bool) -
     ...     Potential(model, compile=False), {("b",): torch.tensor([4.0])}, False)
     tensor([1., 1., 4.])
     """
-    sites = {s.name: s for s in potential.sites}
     inverse_mass = torch.ones(potential.dim, dtype=potential.dtype, device=potential.device)
     if dense:
         inverse_mass = torch.diag(inverse_mass)
-    named: set[str] = set()
-    for names, value in blocks.items():
-        names = (names,) if isinstance(names, str) else tuple(names)
-        unknown = [n for n in names if n not in sites]
-        if unknown:
-            raise ValueError(
-                f"inverse_mass_matrix names {unknown}, which are not latent sites of this "
-                f"model; its latent sites are {potential.site_names}"
-            )
-        twice = sorted(named.intersection(names))
-        if twice:
-            raise ValueError(f"inverse_mass_matrix names site(s) {twice} in more than one block")
-        named.update(names)
-        index = torch.cat(
-            [torch.arange(sites[n].offset, sites[n].offset + sites[n].size) for n in names]
-        ).to(potential.device)
+    keys = [(k,) if isinstance(k, str) else tuple(k) for k in blocks]
+    for (names, index), value in zip(
+        _site_blocks(potential, keys, "inverse_mass_matrix"), blocks.values()
+    ):
         value = torch.as_tensor(value, dtype=potential.dtype, device=potential.device)
         n = len(index)
         if value.shape == (n,):  # a diagonal block (NumPyro's form outside dense blocks)
@@ -270,23 +282,8 @@ def block_mass_mask(potential: Potential, blocks: list | None) -> torch.Tensor |
     """
     if not blocks:
         return None
-    sites = {s.name: s for s in potential.sites}
-    seen: dict[str, int] = {}
     mask = torch.eye(potential.dim, dtype=torch.bool, device=potential.device)
-    for i, block in enumerate(blocks):
-        unknown = [n for n in block if n not in sites]
-        if unknown:
-            raise ValueError(
-                f"dense_mass names {unknown}, which are not latent sites of this model; its "
-                f"latent sites are {potential.site_names}"
-            )
-        twice = [n for n in block if n in seen] + [n for n in set(block) if block.count(n) > 1]
-        if twice:
-            raise ValueError(f"dense_mass puts site(s) {twice} in more than one block")
-        seen.update(dict.fromkeys(block, i))
-        index = torch.cat(
-            [torch.arange(sites[n].offset, sites[n].offset + sites[n].size) for n in block]
-        ).to(potential.device)
+    for _, index in _site_blocks(potential, blocks, "dense_mass"):
         mask[index.unsqueeze(-1), index] = True
     return mask
 
