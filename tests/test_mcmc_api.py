@@ -8,7 +8,7 @@ import arviz as az
 import numpy as np
 import pytest
 import torch
-from scipy import stats
+from scipy import integrate, stats
 
 import probtorch as pt
 import probtorch.distributions as dist
@@ -968,28 +968,64 @@ def test_runs_continued_from_one_state_draw_anew_and_reproducibly():
         assert torch.equal(a, b)
 
 
-def test_python_branch_on_a_latent_value_is_named_with_advice():
+def test_a_model_that_branches_on_a_latent_value_runs_eagerly_chain_by_chain():
+    """`if mu > 0:` can be neither vectorized nor compiled: the kernel (compile on) runs it
+    eagerly, chain by chain, as Pyro would, with one warning; its draws are the torch.where
+    model's and its posterior mean the exact one (by quadrature) within 4 MCSE."""
+
     def model(y):
         mu = pt.sample("mu", dist.Normal(0.0, 1.0))
         scale = 1.0 if mu > 0 else 2.0  # reads a latent value in Python
         pt.sample("y", dist.Normal(mu, scale), obs=y)
 
-    mcmc = _mcmc(model, num_warmup=5, num_samples=5)
-    with pytest.raises(ValueError, match=r"failed after site 'mu'.*torch\.where"):
-        mcmc.run(torch.tensor(0.3))
+    def vectorized(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        pt.sample("y", dist.Normal(mu, torch.where(mu > 0, 1.0, 2.0)), obs=y)
+
+    y = torch.tensor(1.5)
+    draws = {}
+    for name, fn, compile in [("branching", model, True), ("vectorized", vectorized, False)]:
+        mcmc = MCMC(NUTS(fn, compile=compile), num_warmup=150, num_samples=300, num_chains=2,
+                    progress_bar=False, seed=0)  # fmt: skip
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            mcmc.run(y)
+        draws[name] = mcmc.get_samples(group_by_chain=True)["mu"]
+        if name == "branching":
+            assert [str(w.message)[:39] for w in seen] == [
+                "the model reads latent values in Python"
+            ]
+            assert not mcmc.kernel.potential.compiled
+    torch.testing.assert_close(draws["branching"], draws["vectorized"], rtol=0, atol=1e-10)
+
+    def density(mu):
+        return stats.norm.pdf(mu) * stats.norm.pdf(1.5, mu, 1.0 if mu > 0 else 2.0)
+
+    mass = integrate.quad(density, -10, 0)[0] + integrate.quad(density, 0, 10)[0]
+    mean = (integrate.quad(lambda m: m * density(m), -10, 0)[0]
+            + integrate.quad(lambda m: m * density(m), 0, 10)[0]) / mass  # fmt: skip
+    mu = draws["branching"].numpy()
+    mcse = float(az.mcse(az.convert_to_dataset({"mu": mu}))["mu"])
+    assert abs(mu.mean() - mean) < 4 * mcse
 
 
-def test_a_log_density_that_branches_on_values_is_named_at_its_site():
-    # Pyro's Stable.log_prob interpolates near zero under `if idx.any():`; vmap's own error
-    # named neither the site nor the distribution
+def test_a_log_density_that_branches_on_values_runs_chain_by_chain_named_at_its_site():
+    # Pyro's Stable.log_prob interpolates near zero under `if idx.any():`, which vmap cannot
+    # batch (its own error named neither the site nor the distribution): the chains run one
+    # after another, and the warning names the site and the library's line
     def model():
         pt.sample("loc", dist.Normal(0.0, 1.0))
         pt.sample("s", dist.Stable(1.5, 0.0))
 
     mcmc = _mcmc(model, num_warmup=5, num_samples=5)
-    with pytest.raises(ValueError, match=r"in the log density of site 's' \(Stable\.log_prob\)"
-                       r".*use another distribution"):  # fmt: skip
+    expected = (
+        r"reads latent values in Python \(in the log density of site 's' \(Stable\.log_prob\), "
+        r"at .*stable_log_prob\.py:\d+ .*reached from .*test_mcmc_api\.py:\d+ \(model\)\)"
+        r".*a library's"
+    )
+    with pytest.warns(UserWarning, match=expected):
         mcmc.run()
+    assert torch.isfinite(mcmc.get_samples()["s"]).all()
 
 
 def test_dropout_in_training_mode_is_named_with_advice():

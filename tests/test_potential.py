@@ -390,6 +390,44 @@ def test_nuts_samples_a_model_that_writes_latents_in_place_compiled_as_eager(flo
     torch.testing.assert_close(draws["compiled"]["x"][..., 1:], theta)
 
 
+def _branching(y):
+    mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+    scale = 1.0 if mu > 0 else 2.0  # reads a latent value in Python
+    pt.sample("y", dist.Normal(mu, scale), obs=y)
+
+
+def _branching_vectorized(y):
+    mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+    pt.sample("y", dist.Normal(mu, torch.where(mu > 0, 1.0, 2.0)), obs=y)
+
+
+def test_a_model_that_reads_latents_in_python_is_evaluated_chain_by_chain_eagerly(float64):
+    """vmap cannot batch `if mu > 0:`, nor torch.compile capture it: the potential
+    evaluates the chains one after another, eagerly, with a warning naming the model's
+    line; values, gradients and log likelihoods equal the torch.where model's."""
+    y = torch.tensor(0.3)
+    looped = Potential(_branching, (y,), compile=True)
+    vectorized = Potential(_branching_vectorized, (y,), compile=False)
+    z = torch.tensor([[-0.7], [0.4], [1.5]])
+    line = _branching.__code__.co_firstlineno + 2
+    message = (
+        rf"reads latent values in Python \(after site 'mu', at .*test_potential\.py:{line} "
+        rf"\(_branching\)\).*eagerly.*torch\.where"
+    )
+    with pytest.warns(UserWarning, match=message) as seen:
+        value, grad = looped.value_and_grad(z)
+    assert len(seen) == 1  # no compile was tried
+    assert looped.chains_looped and not looped.compiled
+    expected = vectorized.value_and_grad(z)
+    torch.testing.assert_close(value, expected[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad, expected[1], rtol=0, atol=1e-12)
+    draws = {"mu": z[:, 0]}
+    fresh = Potential(_branching, (y,), compile=False)  # nothing evaluated yet
+    torch.testing.assert_close(
+        fresh.log_likelihood(draws)["y"], vectorized.log_likelihood(draws)["y"]
+    )
+
+
 def test_discrete_latent_site_is_rejected_by_name():
     def model():
         pt.sample("k", dist.Poisson(3.0))
@@ -452,11 +490,16 @@ def test_latent_shape_depending_on_values_is_rejected(float64):
         initialize_model(_value_dependent_shape_model, num_chains=4, compile=False)
 
 
-def test_reading_latent_values_in_python_names_the_site(float64):
-    potential = Potential(_value_dependent_shape_model, compile=False)
-    z = torch.zeros(2, potential.dim, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"failed after site 'n_float'.*\.item\(\)"):
-        potential(z)
+def test_a_latent_shape_read_from_another_latent_in_python_is_named(float64):
+    # the chains run one after another (the model reads n in Python); at n_float < 2 site
+    # x has one element, not the prototype's two
+    potential = Potential(_value_dependent_shape_model, compile=False, rng_seed=0)
+    assert potential.dim == 3
+    z = torch.full((2, potential.dim), -3.0, dtype=torch.float64)
+    with pytest.warns(UserWarning, match="reads latent values in Python"):
+        with pytest.raises(ValueError, match=r"latent site 'x' has shape \(1,\) now but had "
+                           r"shape \(2,\)"):  # fmt: skip
+            potential(z)
 
 
 def test_wrong_z_shape_is_rejected(float64):

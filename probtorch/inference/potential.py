@@ -35,7 +35,7 @@ from .compile import compile_enabled, compile_fn
 from .data_layout import DataLayout
 from .init_strategies import init_to_uniform
 from .safe_linalg import nan_on_failure
-from .uncompilable import eager_fallback_note
+from .uncompilable import eager_fallback_note, raised_at
 
 __all__ = ["LatentSite", "Potential", "initialize_model", "pack_init_params", "InitializationError"]
 
@@ -169,14 +169,24 @@ def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
     return tracer.trace
 
 
-def _unbatchable_write(text: str) -> bool:
-    """Whether a ``vmap`` error comes from an in-place write of batched values into a
-    tensor that is not batched (``x[1:] = theta``, ``x[idx] = theta``, ``x += theta``):
-    vmap's own message, or (an in-place add) the shapes'. The model has run unbatched at
-    the prototype, so a shape error under vmap is the batching's."""
-    return (
-        "vmap" in text and "is not possible because there exists a Tensor" in text
-    ) or "doesn't match the broadcast shape" in text
+def _unbatchable(text: str) -> str | None:
+    """Why ``vmap`` could not batch a model over chains, from its error's text: ``"write"``
+    for an in-place write of batched values into a tensor that is not batched
+    (``x[1:] = theta``, ``x[idx] = theta``, ``x += theta``: vmap's own message, or, for an
+    in-place add, the shapes'; the model has run unbatched at the prototype, so a shape
+    error under vmap is the batching's), ``"python"`` for a latent value read in Python
+    (``.item()``, ``int(x)``, ``if x > 0:``), else None.
+
+    >>> _unbatchable("vmap: It looks like you're calling .item() on a Tensor")
+    'python'
+    """
+    if "vmap" in text and "is not possible because there exists a Tensor" in text:
+        return "write"
+    if "doesn't match the broadcast shape" in text:
+        return "write"
+    if "vmap" in text and ("item()" in text or "data-dependent" in text):
+        return "python"
+    return None
 
 
 def _loop_over_chains(fn: Callable) -> Callable:
@@ -314,6 +324,7 @@ class Potential:
         self._sites_by_name = {s.name: s for s in self.sites}
 
         self.chains_looped = False  # set where the model cannot be vectorized over chains
+        self.reads_latents_in_python = False  # which also keeps it from compiling
         self._batch_over_chains(torch.func.vmap)
         # What the model is called with: the arguments, with data matrices that it only
         # multiplies by narrow factors laid out for those products (the user's own stay in
@@ -329,19 +340,45 @@ class Potential:
         self._value = compile_fn(self._batched_value, self.compiled)
         self._value_and_grad = compile_fn(self._batched_value_and_grad, self.compiled)
         self._constrain = batch(self._single_constrain)  # output only, not in a hot loop
+        self._batch = batch
 
-    def _loop_chains(self, error: RuntimeError) -> None:
+    def _loop_chains(self, error: RuntimeError, why: str, z: torch.Tensor) -> None:
         """Evaluate the chains one after another from now on, with a warning: the model
-        writes latent values in place into a tensor (``x[1:] = theta``), which ``vmap``
-        cannot batch."""
-        warn_at_caller(
-            f"the model writes latent values in place into a tensor (such as `x[1:] = theta` "
-            f"into `x = torch.zeros(5)`), which cannot be vectorized over chains "
-            f"({error.__class__.__name__}: {str(error).split('. ')[0]}). probtorch "
-            f"evaluates the chains one after another instead: slower, and a compiled "
-            f"sampler's graph grows with num_chains. Build the tensor with torch.cat, "
-            f"torch.stack or torch.where to vectorize it."
-        )
+        writes latent values in place into a tensor (``x[1:] = theta``; ``why="write"``),
+        which ``vmap`` cannot batch, or reads them in Python (``if x > 0:``;
+        ``why="python"``), which neither ``vmap`` nor ``torch.compile`` can capture: such a
+        model's chains also run eagerly, as Pyro runs every model."""
+        first = str(error).split(". ")[0]
+        if why == "python":
+            site = self._failing_site(z)[0]
+            where, users = raised_at(error)
+            where = ", ".join(part for part in (site.split(" (in the code")[0], where) if part)
+            fix = (
+                "Use torch operations such as torch.where, torch.clamp or masks instead to "
+                "vectorize and compile it."
+                if users
+                else "That code is a library's (a distribution's, say): another distribution "
+                "or a reparameterization of the site may vectorize and compile."
+            )
+            warn_at_caller(
+                f"the model reads latent values in Python{f' ({where})' if where else ''}, "
+                f"which can be neither vectorized over chains nor compiled "
+                f"({error.__class__.__name__}: {first}). probtorch evaluates the chains one "
+                f"after another, eagerly: much slower, and a value read by .item(), float() "
+                f"or int() carries no gradient, so the sampler moves less well (its draws "
+                f"stay correct). {fix}"
+            )
+            self.compiled = False
+            self.reads_latents_in_python = True
+        else:
+            warn_at_caller(
+                f"the model writes latent values in place into a tensor (such as "
+                f"`x[1:] = theta` into `x = torch.zeros(5)`), which cannot be vectorized "
+                f"over chains ({error.__class__.__name__}: {first}). probtorch evaluates "
+                f"the chains one after another instead: slower, and a compiled sampler's "
+                f"graph grows with num_chains. Build the tensor with torch.cat, "
+                f"torch.stack or torch.where to vectorize it."
+            )
         self.chains_looped = True
         self._batch_over_chains(_loop_over_chains)
 
@@ -499,14 +536,17 @@ class Potential:
             except torch._dynamo.exc.Unsupported as error:
                 if not self.compiled:
                     raise
-                warn_at_caller(eager_fallback_note("evaluating the potential eagerly", error))
                 self.compiled = False
                 self._value = self._batched_value
                 self._value_and_grad = self._batched_value_and_grad
-                return self._explained(name, z)
+                result = self._explained(name, z)
+                if not self.reads_latents_in_python:  # which its own warning explains
+                    warn_at_caller(eager_fallback_note("evaluating the potential eagerly", error))
+                return result
             except RuntimeError as error:
-                if not self.chains_looped and _unbatchable_write(str(error)):
-                    self._loop_chains(error)
+                why = None if self.chains_looped else _unbatchable(str(error))
+                if why is not None:
+                    self._loop_chains(error, why, z)
                     return self._explained(name, z)
                 self._explain_failure(z, error)
                 raise
@@ -528,7 +568,29 @@ class Potential:
         return self._explained("raw_value_and_grad", z)
 
     def _explain_failure(self, z: torch.Tensor, error: RuntimeError) -> None:
-        """Re-run eagerly, vectorized, to find the site after which the model failed."""
+        """Re-run eagerly, batched as before, to find the site after which the model
+        failed."""
+        where, batched_error = self._failing_site(z)
+        if batched_error is None:
+            return
+        text = str(batched_error)
+        advice = ""
+        if "random operation" in text:
+            advice = (
+                " A potential is a deterministic function of the latent values, but the "
+                "model draws random numbers outside pt.sample: a module in training mode "
+                "(Dropout; call net.eval()) or a torch sampler such as torch.randn. Make "
+                "such randomness a pt.sample site, or remove it."
+            )
+        raise ValueError(
+            f"the model failed {where} when evaluated for all chains at once "
+            f"({type(batched_error).__name__}: {text.splitlines()[0]}).{advice}"
+        ) from error
+
+    def _failing_site(self, z: torch.Tensor) -> tuple[str, RuntimeError | None]:
+        """Where the model fails for the chains at ``z`` (batched as the potential is):
+        in the log density of a site, after a site or before the first; and the error (None
+        where it did not fail again)."""
         collect = _Collect(densities=True)
 
         def run(z_chain):
@@ -538,8 +600,8 @@ class Potential:
             return z_chain.sum()
 
         try:
-            torch.func.vmap(run)(z.detach())
-        except RuntimeError as vmapped_error:
+            self._batch(run)(z.detach())
+        except RuntimeError as error:
             failed = collect.in_density
             if failed is not None:
                 where = (
@@ -553,33 +615,8 @@ class Potential:
                 )
             else:
                 where = "before its first site"
-            text = str(vmapped_error)
-            advice = ""
-            vectorizing = "vmap" in text and ("item()" in text or "data-dependent" in text)
-            if vectorizing and failed is not None:
-                advice = (
-                    f" Potentials are vectorized over chains (torch.func.vmap), and "
-                    f"{type(failed.fn).__name__}'s log density branches on tensor values in "
-                    f"Python, which cannot be vectorized: use another distribution for this "
-                    f"site (or reparameterize it)."
-                )
-            elif vectorizing:
-                advice = (
-                    " Potentials are vectorized over chains, so a model must not read latent "
-                    "values in Python (.item(), int(x), `if x > 0:`); use torch operations "
-                    "such as torch.where."
-                )
-            elif "random operation" in text:
-                advice = (
-                    " A potential is a deterministic function of the latent values, but the "
-                    "model draws random numbers outside pt.sample: a module in training mode "
-                    "(Dropout; call net.eval()) or a torch sampler such as torch.randn. Make "
-                    "such randomness a pt.sample site, or remove it."
-                )
-            raise ValueError(
-                f"the model failed {where} when evaluated for all chains at once "
-                f"({type(vmapped_error).__name__}: {text.splitlines()[0]}).{advice}"
-            ) from error
+            return where, error
+        return "", None
 
     def constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Constrained values of the latent and deterministic sites, batched like ``z``."""
@@ -611,9 +648,9 @@ class Potential:
                 try:
                     return torch.func.vmap(single)(latent)
                 except RuntimeError as error:
-                    if not _unbatchable_write(str(error)):
+                    if _unbatchable(str(error)) is None:
                         raise
-            return _loop_over_chains(single)(latent)  # a model with in-place writes
+            return _loop_over_chains(single)(latent)  # a model vmap cannot batch
         finally:
             enable_validation(was)
 

@@ -8,7 +8,7 @@ import os
 import re
 import traceback
 
-__all__ = ["eager_fallback_note", "uncompilable_reason", "untraceable_reason"]
+__all__ = ["eager_fallback_note", "raised_at", "uncompilable_reason", "untraceable_reason"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INSTALLED = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
@@ -47,13 +47,40 @@ def untraceable_reason(error: BaseException) -> str:
     reason = text.splitlines()[0].strip() if text else "(no message)"
     if "_local_scalar_dense" in reason:  # make_fx's words for .item() or a tensor in an `if`
         reason = "a Python value read from a tensor (.item(), bool() or a branch on a tensor)"
-    frames = [
+    return f"{type(error).__name__}: {_located(reason, _outside_torch(error))}"
+
+
+def raised_at(error: BaseException) -> tuple[str, bool]:
+    """Where ``error`` was raised: the innermost frame of its traceback outside torch, and
+    the innermost of the user's own when that is another ("" without such frames); and
+    whether that innermost frame is the user's own code (not a library's or probtorch's).
+
+    Example::
+
+        >>> import torch
+        >>> def model():
+        ...     return bool(torch.ones(2) > 0)
+        >>> try:
+        ...     model()
+        ... except RuntimeError as error:
+        ...     where, users = raised_at(error)
+        >>> where.endswith("(model)"), users
+        (True, True)
+    """
+    frames = _outside_torch(error)
+    users = bool(frames) and _is_users(frames[-1][0])
+    return _located("", frames).removeprefix(", "), users
+
+
+def _outside_torch(error: BaseException) -> list[tuple[str, str, str]]:
+    """The frames (path, line, function) of ``error``'s traceback outside torch and
+    dispatch modes' hooks."""
+    return [
         (f.filename, str(f.lineno), f.name)
         for f in traceback.extract_tb(error.__traceback__)
         if not _TORCH.search(f.filename)
         and f.name not in ("__torch_function__", "__torch_dispatch__")
     ]
-    return f"{type(error).__name__}: {_located(reason, frames)}"
 
 
 def _located(reason: str, frames: list[tuple[str, str, str]]) -> str:
@@ -70,12 +97,16 @@ def _located(reason: str, frames: list[tuple[str, str, str]]) -> str:
         return f"{path}:{line} ({name})"
 
     inner = frames[-1]
-    ours = _PACKAGE_DIR + os.sep
-    users = [f for f in frames if not _INSTALLED.search(f[0]) and not f[0].startswith(ours)]
+    users = [f for f in frames if _is_users(f[0])]
     where = f"{reason}, at {shown(inner)}"
     if users and users[-1] != inner:
         where += f", reached from {shown(users[-1])}"
     return where
+
+
+def _is_users(path: str) -> bool:
+    """Whether ``path`` is the user's code: outside installed packages and probtorch."""
+    return not _INSTALLED.search(path) and not path.startswith(_PACKAGE_DIR + os.sep)
 
 
 def eager_fallback_note(doing: str, error: BaseException, to: str = "") -> str:

@@ -424,10 +424,12 @@ class _HamiltonianKernel:
             raise
         self.potential = potential
         self._mass_mask = block_mass_mask(potential, self.mass_blocks)
-        self._build(potential)
         # Set-up and the step-size heuristic call the potential a few dozen times: eagerly,
-        # which saves compiling a second graph (about as long as the sampler's own).
+        # which saves compiling a second graph (about as long as the sampler's own). Its
+        # first batched call finds a model that runs eagerly, chain by chain (reading latent
+        # values in Python), before the sampler is built (compiled or not).
         pe, grad = potential.eager_value_and_grad(z0)
+        self._build(potential)
         inverse_mass = self._initial_inverse_mass(num_chains, potential.dim, z0)
         step = torch.full((num_chains,), self.step_size, dtype=z0.dtype, device=z0.device)
         state = SamplerState(z0, pe, grad, step, inverse_mass, mass_sqrt_from_inverse(inverse_mass))
