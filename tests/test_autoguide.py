@@ -694,3 +694,18 @@ def test_low_rank_guide_is_stable_where_scales_differ():
     losses = svi.run(1000, X, y, progress_bar=False).losses
     windows = losses.reshape(10, 100).mean(-1)
     assert float(windows[5:].max()) < 28.0, windows  # about 25 (W alone: 32 to 61)
+
+
+def test_init_loc_fn_init_to_value_refuses_names_that_are_no_site():
+    from probtorch.inference import init_to_value
+
+    def model():
+        pt.sample("scale", dist.HalfNormal(1.0))
+
+    guide = AutoNormal(model, init_loc_fn=init_to_value(values={"sacle": 0.5}))
+    with pytest.raises(ValueError, match=r"values has \['sacle'\].*latent sites are \['scale'\]"):
+        guide()
+    guide = AutoNormal(model, init_loc_fn=init_to_value(values={"scale": 0.5}))
+    with pt.param_scope(pt.ParamStore()):
+        pt.handlers.seed(guide, 0)()
+        assert math.isclose(float(guide.median()["scale"]), 0.5, rel_tol=1e-6)

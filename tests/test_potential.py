@@ -281,6 +281,21 @@ def test_init_to_value_and_init_params(float64):
     )
 
 
+def test_init_to_value_refuses_names_that_are_no_site(float64):
+    # a mistyped name left its site at init_to_uniform's random point without a word;
+    # observed and deterministic sites may be given (a whole draw of the model)
+    args, kwargs = eight_schools_data()
+    with pytest.raises(ValueError, match=r"values has \['tua'\], which are not sites.*"
+                       r"latent sites are \['mu', 'tau', 'theta'\]"):  # fmt: skip
+        initialize_model(eight_schools, args, kwargs,
+                         init_strategy=init_to_value(values={"mu": 1.0, "tua": 2.0}),
+                         compile=False)  # fmt: skip
+    draw = {"mu": 1.5, "y": torch.zeros(8)}  # the observed site is a site: taken
+    _, z0 = initialize_model(eight_schools, args, kwargs, init_strategy=init_to_value(values=draw),
+                             compile=False)  # fmt: skip
+    assert float(z0[0, 0]) == 1.5
+
+
 def test_init_to_median_is_near_the_prior_median(float64):
     def model():
         pt.sample("x", dist.LogNormal(2.0, 0.01))

@@ -200,6 +200,34 @@ def init_to_value(site: Message | None = None, values: dict | None = None, radiu
     return init_to_uniform(site, radius=radius)
 
 
+def check_value_names(strategy, trace) -> None:
+    """Refuse an :func:`init_to_value` strategy whose ``values`` name no site of the model
+    traced in ``trace`` (a mistyped name would leave its site where ``init_to_uniform``
+    puts it, without a word). Values for observed or deterministic sites are allowed, as a
+    whole draw of the model may be passed.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("scale", dist.HalfNormal(1.0))
+        >>> trace = pt.handlers.trace(pt.handlers.seed(model, 0)).get_trace()
+        >>> check_value_names(init_to_value(values={"scael": 1.0}), trace)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: init_to_value: values has ['scael'], which are not sites ...['scale']
+    """
+    if not (isinstance(strategy, functools.partial) and strategy.func is init_to_value):
+        return
+    unknown = sorted(set(strategy.keywords.get("values") or ()) - set(trace))
+    if unknown:
+        latent = [name for name, site in trace.items() if _is_latent(site)]
+        raise ValueError(
+            f"init_to_value: values has {unknown}, which are not sites of the model; its "
+            f"latent sites are {latent}"
+        )
+
+
 def _dtype_of(site: Message) -> torch.dtype:
     """The floating dtype the site's distribution computes in: its mean's dtype or, for a
     family without a mean (``VonMises3D``), that of a floating tensor parameter."""

@@ -33,7 +33,7 @@ from ..validation import (
 from .angles import unconstraining_transform
 from .compile import compile_enabled, compile_fn
 from .data_layout import DataLayout
-from .init_strategies import init_to_uniform
+from .init_strategies import check_value_names, init_to_uniform
 from .safe_linalg import nan_on_failure
 from .uncompilable import eager_fallback_note, raised_at
 
@@ -710,6 +710,7 @@ def initialize_model(
         torch.Size([3, 1])
     """
     potential = Potential(model, model_args, model_kwargs, compile=compile, rng_seed=rng_seed)
+    check_value_names(init_strategy, potential.prototype_trace)
     if init_params is not None:
         z0 = pack_init_params(potential, init_params, num_chains)
         _check_finite(potential, z0, "init_params")

@@ -30,7 +30,7 @@ from ...primitives import param, plate
 from ...runtime import CondIndepStackFrame, Message, get_stack
 from ...validation import num_event_dims, torch_validation
 from ..angles import UnitVectorFromSpace, unconstraining_transform
-from ..init_strategies import init_to_median
+from ..init_strategies import check_value_names, init_to_median
 
 __all__ = ["AutoGuide", "LatentSite", "SiteDelta", "SiteTransformed"]
 
@@ -237,6 +237,7 @@ class AutoGuide:
         with block(), param_scope(ParamStore()), torch_validation(False):
             tracer(*args, **kwargs)
         self.prototype_trace = tracer.trace
+        check_value_names(self.init_loc_fn, tracer.trace)
         latents = {}
         for name, site in tracer.trace.items():
             if not _is_latent(site):
