@@ -7,11 +7,13 @@ runs never share hidden global state.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 
 import torch
 from torch.distributions import constraints
 
+from ._caller import warn_at_caller
 from .distributions.constraint_registry import biject_to
 from .runtime import Message, Messenger
 
@@ -99,7 +101,15 @@ class ParamStore:
         self._set(name, value, self._constraints.get(name, constraints.real))
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        constraint = self._constraints[name]
+        try:
+            constraint = self._constraints[name]
+        except KeyError:
+            if self is _DEFAULT_STORE and any(name in store for store in _SVI_STORES):
+                raise KeyError(
+                    f"param {name!r} is not in the default store: SVI keeps the params it "
+                    f"fits in its own store (svi.param_store[{name!r}], or svi.get_params())"
+                ) from None
+            raise
         unconstrained = self._unconstrained[name]
         if constraint is constraints.real:
             return unconstrained
@@ -179,6 +189,14 @@ class ParamStore:
             >>> float(loaded["s"].detach()), loaded.constraint("s") is constraints.positive
             (2.0, True)
         """
+        if self is _DEFAULT_STORE:
+            fitted = {name for store in _SVI_STORES for name in store if name not in self}
+            if fitted:
+                warn_at_caller(
+                    f"saving the default param store, which lacks {len(fitted)} param(s) an "
+                    f"SVI fitted (e.g. {sorted(fitted)[0]!r}): SVI keeps them in its own "
+                    f"store, saved by svi.param_store.save(path)"
+                )
         torch.save(self.get_state(), path)
 
     def load(self, path, map_location=None) -> None:
@@ -244,6 +262,9 @@ def _canonical(constraint: constraints.Constraint) -> constraints.Constraint:
 
 
 _DEFAULT_STORE = ParamStore()
+# The stores of the SVI objects alive (``svi.param_store``), for the default store's hints
+# to a Pyro user who looks for fitted params there (Pyro keeps one global store).
+_SVI_STORES: weakref.WeakSet[ParamStore] = weakref.WeakSet()
 
 
 def get_param_store() -> ParamStore:

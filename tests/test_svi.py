@@ -271,6 +271,27 @@ def test_svi_objects_own_their_params_and_random_stream():
     torch.testing.assert_close(a.param_store["loc"], ra.params["loc"])
 
 
+def test_the_default_store_points_a_pyro_user_to_the_fitted_params(tmp_path):
+    # Pyro keeps one global store, so a porting user reads or saves fitted params there:
+    # probtorch's default store gave a bare KeyError and saved nothing without a word
+    pt.clear_param_store()
+    svi = SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
+    svi.run(3, _data(5), progress_bar=False)
+    store = pt.get_param_store()
+    with pytest.raises(KeyError, match=r"'scale' is not in the default store.*"
+                       r"svi\.param_store\['scale'\]"):  # fmt: skip
+        store["scale"]
+    with pytest.raises(KeyError, match=r"^'unknown'$"):  # no SVI has it: the plain error
+        store["unknown"]
+    with pytest.warns(UserWarning, match=r"lacks \d+ param\(s\) an SVI fitted.*"
+                      r"svi\.param_store\.save\(path\)"):  # fmt: skip
+        store.save(tmp_path / "default.pt")
+    svi.param_store.save(tmp_path / "fitted.pt")  # the right store: no warning
+    loaded = pt.ParamStore()
+    loaded.load(tmp_path / "fitted.pt")
+    torch.testing.assert_close(loaded["scale"], svi.param_store["scale"])
+
+
 def test_run_continues_and_restarts_from_init_params():
     y = _data(5)
 

@@ -59,7 +59,7 @@ from .._caller import warn_at_caller
 from ..distributions.constraint_registry import biject_to
 from ..handlers import replay, site_log_prob
 from ..optim import Optimizer
-from ..params import ParamStore, param_scope, same_constraint
+from ..params import _SVI_STORES, ParamStore, param_scope, same_constraint
 from ..runtime import Message, Messenger
 from ..validation import torch_validation
 from .compile import (
@@ -516,6 +516,7 @@ class SVI:
         self.seed = int(seed)
         self.steps_per_call = int(steps_per_call)
         self.param_store = ParamStore()
+        _SVI_STORES.add(self.param_store)
         self._rng_state = None
         self._initialized = False
         self._blocks: dict[tuple, Callable] = {}
