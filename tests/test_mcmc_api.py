@@ -238,6 +238,35 @@ def test_print_summary(vector_run, capsys):
     assert "loc[2]" in out and "scale" in out and "loc_sum" not in out and "scaled" not in out
 
 
+def test_pyro_summary_and_diagnostics(capsys):
+    """Pyro's MCMC.summary() prints print_summary's table; diagnostics() gives ArviZ's
+    bulk ESS and R-hat per scalar shaped like the site, and per chain the divergent draws'
+    indices and the mean acceptance probability (they raised AttributeError)."""
+    mcmc = _mcmc(num_warmup=30, num_samples=40)
+    mcmc.run(_vector_data(), extra_fields=("accept_prob",))
+    mcmc.summary(prob=0.8)
+    summary = capsys.readouterr().out
+    mcmc.print_summary(prob=0.8)
+    assert summary == capsys.readouterr().out and "10%" in summary
+    d = mcmc.diagnostics()
+    draws = mcmc.get_samples(group_by_chain=True)
+    loc = draws["loc"].numpy()
+    assert d["loc"]["n_eff"].shape == (3,) and d["scale"]["r_hat"].shape == ()
+    for i in range(3):
+        assert float(d["loc"]["n_eff"][i]) == pytest.approx(float(az.ess(loc[..., i])), rel=1e-12)
+        assert float(d["loc"]["r_hat"][i]) == pytest.approx(float(az.rhat(loc[..., i])), rel=1e-12)
+    stats = mcmc.get_extra_fields(group_by_chain=True)
+    stats["diverging"][1, [3, 7]] = True  # as if draws 3 and 7 of chain 1 had diverged
+    mcmc._stats["diverging"][1, [3, 7]] = True
+    d = mcmc.diagnostics()
+    assert {3, 7} <= set(d["divergences"]["chain 1"])
+    for c in range(2):
+        expected = torch.nonzero(stats["diverging"][c]).reshape(-1).tolist()
+        assert d["divergences"][f"chain {c}"] == expected
+        rate = float(stats["accept_prob"][c].double().mean())
+        assert d["acceptance rate"][f"chain {c}"] == pytest.approx(rate, rel=1e-12)
+
+
 def test_split_rank_rhat_is_arviz_rhat_and_covers_one_chain():
     """The one-chain R-hat is ArviZ's formula on split halves (checked on several chains)."""
     from probtorch.inference.mcmc.diagnostics import split_rank_rhat, summary_table

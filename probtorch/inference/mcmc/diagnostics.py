@@ -12,7 +12,7 @@ from scipy import stats as scipy_stats
 from ..._caller import warn_at_caller
 from ...validation import num_event_dims
 
-__all__ = ["summary_table", "to_inference_data", "site_dims", "split_rank_rhat"]
+__all__ = ["ess_and_rhat", "summary_table", "to_inference_data", "site_dims", "split_rank_rhat"]
 
 # ArviZ's names for the sample statistics.
 _ARVIZ_STATS = {
@@ -64,12 +64,34 @@ def split_rank_rhat(draws: np.ndarray) -> float:
     return max(bulk, tail)
 
 
+def ess_and_rhat(value: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Bulk ESS and R-hat (ArviZ's) per scalar of draws ``(chains, draws, *shape)``, each
+    of ``shape``; nan for a constant scalar (a fixed deterministic), and with one chain the
+    R-hat of its two halves (ArviZ's needs two chains)."""
+    az = _arviz()
+    draws = _numpy(value).astype(np.float64)
+    C, S = draws.shape[:2]
+    flat = draws.reshape(C, S, -1)
+    ess, rhat = [], []
+    for i in range(flat.shape[2]):
+        scalar = flat[:, :, i]
+        if np.ptp(scalar) == 0:  # a constant has no ESS or R-hat
+            ess.append(math.nan)
+            rhat.append(math.nan)
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ess.append(float(az.ess(scalar, method="bulk")))
+            rhat.append(split_rank_rhat(scalar) if C == 1 else float(az.rhat(scalar)))
+    shape = draws.shape[2:]
+    return np.array(ess).reshape(shape), np.array(rhat).reshape(shape)
+
+
 def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
     """A table of mean, sd, central ``prob`` interval, median, bulk ESS and R-hat per scalar.
 
     ``samples`` map site names to draws of shape ``(chains, draws, ...)``.
     """
-    az = _arviz()
     low_q, high_q = (1 - prob) / 2, 1 - (1 - prob) / 2
     width = max([16] + [len(n) + 2 + 4 * max(len(v.shape) - 2, 0) for n, v in samples.items()])
     header = (
@@ -81,17 +103,7 @@ def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
         draws = _numpy(value).astype(np.float64)
         C, S = draws.shape[:2]
         flat = draws.reshape(C, S, -1)
-        constant = [bool(np.ptp(flat[:, :, i]) == 0) for i in range(flat.shape[2])]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # ArviZ on constant draws
-            ess = [float(az.ess(flat[:, :, i], method="bulk")) for i in range(flat.shape[2])]
-            if C == 1:  # ArviZ needs two chains (nan and a warning); split the one in halves
-                rhat = [split_rank_rhat(flat[:, :, i]) for i in range(flat.shape[2])]
-            else:
-                rhat = [float(az.rhat(flat[:, :, i])) for i in range(flat.shape[2])]
-        # a constant (a fixed deterministic, an observed entry) has no ESS or R-hat
-        ess = [math.nan if c else e for c, e in zip(constant, ess)]
-        rhat = [math.nan if c else r for c, r in zip(constant, rhat)]
+        ess, rhat = (a.reshape(-1) for a in ess_and_rhat(value))
         shape = draws.shape[2:]
         for i in range(flat.shape[2]):
             column = flat[:, :, i].reshape(-1)

@@ -14,7 +14,7 @@ import torch
 
 from ..._caller import warn_at_caller
 from ..compile import inference_threads
-from .diagnostics import summary_table, to_inference_data
+from .diagnostics import ess_and_rhat, summary_table, to_inference_data
 from .kernels import STAT_NAMES, SamplerState, empty_stats
 from .warmup import init_adapt_state, run_warmup
 
@@ -427,6 +427,44 @@ class MCMC:
             samples = {k: v for k, v in samples.items() if k in latent}
         print(summary_table(samples, prob=prob))
         print(f"\nNumber of divergences: {int(self._stats['diverging'].sum())}")
+
+    def summary(self, prob: float = 0.9) -> None:
+        """Pyro's name for :meth:`print_summary`."""
+        self.print_summary(prob=prob)
+
+    def diagnostics(self) -> dict:
+        """Pyro's ``MCMC.diagnostics()``: per site its bulk ``n_eff`` and ``r_hat`` (ArviZ's;
+        tensors shaped like the site), and per chain the indices of its divergent draws
+        (``"divergences"``) and its mean acceptance probability (``"acceptance rate"``).
+
+        Example::
+
+            >>> import probtorch as pt, probtorch.distributions as dist
+            >>> from probtorch.inference import MCMC, NUTS
+            >>> def model():
+            ...     pt.sample("x", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+            >>> mcmc = MCMC(NUTS(model, compile=False), num_warmup=20, num_samples=30,
+            ...             num_chains=2, progress_bar=False, seed=0)
+            >>> mcmc.run()
+            >>> d = mcmc.diagnostics()
+            >>> d["x"]["r_hat"].shape, sorted(d["divergences"]), sorted(d["acceptance rate"])
+            (torch.Size([2]), ['chain 0', 'chain 1'], ['chain 0', 'chain 1'])
+        """
+        self._require_run()
+        result: dict = {}
+        for name, value in self._samples.items():
+            ess, rhat = ess_and_rhat(value)
+            result[name] = {"n_eff": torch.as_tensor(ess), "r_hat": torch.as_tensor(rhat)}
+        diverging = self._stats["diverging"]
+        accept = self._stats["accept_prob"].double()
+        result["divergences"] = {
+            f"chain {c}": torch.nonzero(diverging[c]).reshape(-1).tolist()
+            for c in range(diverging.shape[0])
+        }
+        result["acceptance rate"] = {
+            f"chain {c}": float(accept[c].mean()) for c in range(accept.shape[0])
+        }
+        return result
 
     def _builds_trees(self) -> bool:
         """Whether the kernel builds NUTS trees (HMC does not: it has no tree_depth)."""
