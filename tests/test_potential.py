@@ -405,42 +405,80 @@ def test_nuts_samples_a_model_that_writes_latents_in_place_compiled_as_eager(flo
     torch.testing.assert_close(draws["compiled"]["x"][..., 1:], theta)
 
 
-def _branching(y):
-    mu = pt.sample("mu", dist.Normal(0.0, 1.0))
-    scale = 1.0 if mu > 0 else 2.0  # reads a latent value in Python
-    pt.sample("y", dist.Normal(mu, scale), obs=y)
+def _branching(y, form="branch"):
+    mu = pt.sample("mu", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    # each form reads latent values in Python (or selects entries by them): vmap refuses
+    if form == "branch":
+        scale = 1.0 if mu[0] > 0 else 2.0
+    elif form == "tolist":
+        a, b = mu.tolist()
+        scale = 1.0 if a > 0 else 2.0
+    else:  # a boolean mask: a shape that depends on the values
+        scale = 1.0 + (mu[mu > 0].numel() > 1)
+    loc = mu[mu > 0].sum() if form == "mask" else mu.sum()
+    pt.sample("y", dist.Normal(loc, scale), obs=y)
 
 
-def _branching_vectorized(y):
-    mu = pt.sample("mu", dist.Normal(0.0, 1.0))
-    pt.sample("y", dist.Normal(mu, torch.where(mu > 0, 1.0, 2.0)), obs=y)
+def _branching_vectorized(y, form="branch"):
+    mu = pt.sample("mu", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    if form == "mask":
+        scale = 1.0 + ((mu > 0).sum() > 1)
+        loc = torch.where(mu > 0, mu, 0.0).sum()
+    else:
+        scale, loc = torch.where(mu[0] > 0, 1.0, 2.0), mu.sum()
+    pt.sample("y", dist.Normal(loc, scale), obs=y)
 
 
-def test_a_model_that_reads_latents_in_python_is_evaluated_chain_by_chain_eagerly(float64):
-    """vmap cannot batch `if mu > 0:`, nor torch.compile capture it: the potential
-    evaluates the chains one after another, eagerly, with a warning naming the model's
-    line; values, gradients and log likelihoods equal the torch.where model's."""
+@pytest.mark.parametrize(
+    "form, what",
+    [
+        ("branch", "reads latent values in Python"),
+        ("tolist", "reads latent values in Python"),
+        ("mask", r"selects entries by latent values .*that depend on values\)"),
+    ],
+)
+def test_a_model_that_reads_latents_in_python_is_evaluated_chain_by_chain_eagerly(
+    form, what, float64
+):
+    """vmap cannot batch `if mu > 0:`, `.tolist()` or `mu[mu > 0]`, nor torch.compile
+    capture them: the potential evaluates the chains one after another, eagerly, with a
+    warning naming the site and the model's line; values, gradients, constrained values
+    and log likelihoods equal the vectorized model's."""
     y = torch.tensor(0.3)
-    looped = Potential(_branching, (y,), compile=True)
-    vectorized = Potential(_branching_vectorized, (y,), compile=False)
-    z = torch.tensor([[-0.7], [0.4], [1.5]])
-    line = _branching.__code__.co_firstlineno + 2
-    message = (
-        rf"reads latent values in Python \(after site 'mu', at .*test_potential\.py:{line} "
-        rf"\(_branching\)\).*eagerly.*torch\.where"
-    )
-    with pytest.warns(UserWarning, match=message) as seen:
+    looped = Potential(_branching, (y, form), compile=True)
+    vectorized = Potential(_branching_vectorized, (y, form), compile=False)
+    z = torch.tensor([[-0.7, 0.2], [0.4, 0.9], [1.5, -2.0]])
+    message = rf"{what} \(after site 'mu', at .*test_potential\.py:\d+ \(_branching\)\)"
+    with pytest.warns(UserWarning, match=message + r".*eagerly.*torch\.where") as seen:
         value, grad = looped.value_and_grad(z)
-    assert len(seen) == 1  # no compile was tried
+    assert len(seen) == 1  # torch.compile failed first: its fallback warning is left out
     assert looped.chains_looped and not looped.compiled
     expected = vectorized.value_and_grad(z)
     torch.testing.assert_close(value, expected[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(grad, expected[1], rtol=0, atol=1e-12)
-    draws = {"mu": z[:, 0]}
-    fresh = Potential(_branching, (y,), compile=False)  # nothing evaluated yet
+    draws = {"mu": z}
+    fresh = Potential(_branching, (y, form), compile=False)  # nothing evaluated yet
     torch.testing.assert_close(
         fresh.log_likelihood(draws)["y"], vectorized.log_likelihood(draws)["y"]
     )
+    fresh = Potential(_branching, (y, form), compile=False)
+    with pytest.warns(UserWarning, match=message):
+        torch.testing.assert_close(fresh.constrain(z)["mu"], z)
+
+
+def test_a_failure_of_a_model_evaluated_chain_by_chain_is_named_so(float64):
+    def model():
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        if mu > 2.5:  # a Python read, and a failure at some values only
+            torch.ones(2) + torch.ones(3)
+        pt.sample("y", dist.Normal(mu, 1.0), obs=torch.tensor(0.0))
+
+    potential = Potential(model, compile=False)
+    with pytest.warns(UserWarning, match="reads latent values in Python"):
+        potential(torch.zeros(2, 1))
+    with pytest.raises(ValueError, match=r"failed after site 'mu' .*when evaluated chain by "
+                       r"chain \(RuntimeError: The size of tensor a"):  # fmt: skip
+        potential(torch.tensor([[0.0], [3.0]]))
 
 
 def test_discrete_latent_site_is_rejected_by_name():

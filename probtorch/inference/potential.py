@@ -174,8 +174,10 @@ def _unbatchable(text: str) -> str | None:
     for an in-place write of batched values into a tensor that is not batched
     (``x[1:] = theta``, ``x[idx] = theta``, ``x += theta``: vmap's own message, or, for an
     in-place add, the shapes'; the model has run unbatched at the prototype, so a shape
-    error under vmap is the batching's), ``"python"`` for a latent value read in Python
-    (``.item()``, ``int(x)``, ``if x > 0:``), else None.
+    error under vmap is the batching's); ``"python"`` for a latent value read in Python
+    (``.item()``, ``int(x)``, ``if x > 0:``, ``.tolist()``); ``"shape"`` for entries
+    selected by latent values (``x[x > 0]``, ``nonzero``, ``unique``: shapes that depend
+    on values); else None.
 
     >>> _unbatchable("vmap: It looks like you're calling .item() on a Tensor")
     'python'
@@ -186,6 +188,10 @@ def _unbatchable(text: str) -> str | None:
         return "write"
     if "vmap" in text and ("item()" in text or "data-dependent" in text):
         return "python"
+    if "Cannot access data pointer of Tensor that doesn't have storage" in text:
+        return "python"  # .tolist() or .numpy() of a batched tensor
+    if "vmap" in text and "dynamic shape" in text:
+        return "shape"
     return None
 
 
@@ -349,7 +355,7 @@ class Potential:
         ``why="python"``), which neither ``vmap`` nor ``torch.compile`` can capture: such a
         model's chains also run eagerly, as Pyro runs every model."""
         first = str(error).split(". ")[0]
-        if why == "python":
+        if why in ("python", "shape"):
             site = self._failing_site(z)[0]
             where, users = raised_at(error)
             where = ", ".join(part for part in (site.split(" (in the code")[0], where) if part)
@@ -360,13 +366,19 @@ class Potential:
                 else "That code is a library's (a distribution's, say): another distribution "
                 "or a reparameterization of the site may vectorize and compile."
             )
+            what = (
+                "reads latent values in Python"
+                if why == "python"
+                else "selects entries by latent values (a boolean mask, nonzero or unique: "
+                "shapes that depend on values)"
+            )
             warn_at_caller(
-                f"the model reads latent values in Python{f' ({where})' if where else ''}, "
-                f"which can be neither vectorized over chains nor compiled "
-                f"({error.__class__.__name__}: {first}). probtorch evaluates the chains one "
-                f"after another, eagerly: much slower, and a value read by .item(), float() "
-                f"or int() carries no gradient, so the sampler moves less well (its draws "
-                f"stay correct). {fix}"
+                f"the model {what}{f' ({where})' if where else ''}, which can be neither "
+                f"vectorized over chains nor compiled ({error.__class__.__name__}: {first}). "
+                f"probtorch evaluates the chains one after another, eagerly: much slower. "
+                f"Where a number read in Python (.item(), float(), int()) enters the density, "
+                f"it carries no gradient, and the sampler moves less well (its target stays "
+                f"the posterior). {fix}"
             )
             self.compiled = False
             self.reads_latents_in_python = True
@@ -528,12 +540,15 @@ class Potential:
         """``self.<name>(z)`` with ``z`` checked and validation off; a failure of the model
         is explained (:meth:`_explain_failure`). Where torch.compile cannot capture the
         model, the potential runs eagerly from then on, with a warning saying why and where
-        (as the samplers do)."""
+        (as the samplers do); where vmap cannot batch it, chain by chain
+        (:meth:`_loop_chains`)."""
         self._check_z(z)
         with torch_validation(False):
             try:
                 return getattr(self, name)(z)
-            except torch._dynamo.exc.Unsupported as error:
+            except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.TorchRuntimeError) as error:
+                # Dynamo's error on tracing (a mask under vmap, or a failure of the model
+                # itself): the eager run that follows raises the model's own error, if any
                 if not self.compiled:
                     raise
                 self.compiled = False
@@ -582,8 +597,9 @@ class Potential:
                 "(Dropout; call net.eval()) or a torch sampler such as torch.randn. Make "
                 "such randomness a pt.sample site, or remove it."
             )
+        batched = "chain by chain" if self.chains_looped else "for all chains at once"
         raise ValueError(
-            f"the model failed {where} when evaluated for all chains at once "
+            f"the model failed {where} when evaluated {batched} "
             f"({type(batched_error).__name__}: {text.splitlines()[0]}).{advice}"
         ) from error
 
@@ -620,9 +636,7 @@ class Potential:
 
     def constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Constrained values of the latent and deterministic sites, batched like ``z``."""
-        self._check_z(z)
-        with torch_validation(False):
-            return self._constrain(z)
+        return self._explained("_constrain", z)
 
     def log_likelihood(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Pointwise log likelihood of each observed site, for a batch of latent values.
