@@ -352,8 +352,9 @@ class Potential:
         """Evaluate the chains one after another from now on, with a warning: the model
         writes latent values in place into a tensor (``x[1:] = theta``; ``why="write"``),
         which ``vmap`` cannot batch, or reads them in Python (``if x > 0:``;
-        ``why="python"``), which neither ``vmap`` nor ``torch.compile`` can capture: such a
-        model's chains also run eagerly, as Pyro runs every model."""
+        ``why="python"``) or selects entries by them (``x[x > 0]``; ``why="shape"``), which
+        neither ``vmap`` nor ``torch.compile`` can capture: such a model's chains also run
+        eagerly, as Pyro runs every model."""
         first = str(error).split(". ")[0]
         if why in ("python", "shape"):
             site = self._failing_site(z)[0]
