@@ -255,9 +255,8 @@ def test_pyro_summary_and_diagnostics(capsys):
     for i in range(3):
         assert float(d["loc"]["n_eff"][i]) == pytest.approx(float(az.ess(loc[..., i])), rel=1e-12)
         assert float(d["loc"]["r_hat"][i]) == pytest.approx(float(az.rhat(loc[..., i])), rel=1e-12)
+    mcmc._stats["diverging"][1, [3, 7]] = True  # as if draws 3 and 7 of chain 1 had diverged
     stats = mcmc.get_extra_fields(group_by_chain=True)
-    stats["diverging"][1, [3, 7]] = True  # as if draws 3 and 7 of chain 1 had diverged
-    mcmc._stats["diverging"][1, [3, 7]] = True
     d = mcmc.diagnostics()
     assert {3, 7} <= set(d["divergences"]["chain 1"])
     for c in range(2):

@@ -286,7 +286,9 @@ def test_the_default_store_points_a_pyro_user_to_the_fitted_params(tmp_path):
     with pytest.warns(UserWarning, match=r"lacks \d+ param\(s\) an SVI fitted.*"
                       r"svi\.param_store\.save\(path\)"):  # fmt: skip
         store.save(tmp_path / "default.pt")
-    svi.param_store.save(tmp_path / "fitted.pt")  # the right store: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the right store: no warning
+        svi.param_store.save(tmp_path / "fitted.pt")
     loaded = pt.ParamStore()
     loaded.load(tmp_path / "fitted.pt")
     torch.testing.assert_close(loaded["scale"], svi.param_store["scale"])

@@ -359,7 +359,7 @@ class Potential:
         if why in ("python", "shape"):
             site = self._failing_site(z)[0]
             where, users = raised_at(error)
-            where = ", ".join(part for part in (site.split(" (in the code")[0], where) if part)
+            where = ", ".join(part for part in (site, where) if part)
             fix = (
                 "Use torch operations such as torch.where, torch.clamp or masks instead to "
                 "vectorize and compile it."
@@ -586,7 +586,7 @@ class Potential:
     def _explain_failure(self, z: torch.Tensor, error: RuntimeError) -> None:
         """Re-run eagerly, batched as before, to find the site after which the model
         failed."""
-        where, batched_error = self._failing_site(z)
+        where, detail, batched_error = self._failing_site(z)
         if batched_error is None:
             return
         text = str(batched_error)
@@ -600,14 +600,15 @@ class Potential:
             )
         batched = "chain by chain" if self.chains_looped else "for all chains at once"
         raise ValueError(
-            f"the model failed {where} when evaluated {batched} "
+            f"the model failed {where}{detail} when evaluated {batched} "
             f"({type(batched_error).__name__}: {text.splitlines()[0]}).{advice}"
         ) from error
 
-    def _failing_site(self, z: torch.Tensor) -> tuple[str, RuntimeError | None]:
-        """Where the model fails for the chains at ``z`` (batched as the potential is):
-        in the log density of a site, after a site or before the first; and the error (None
-        where it did not fail again)."""
+    def _failing_site(self, z: torch.Tensor) -> tuple[str, str, RuntimeError | None]:
+        """Where the model fails for the chains at ``z`` (batched as the potential is): in
+        the log density of a site, after a site or before the first; what that means, for
+        an error message ("" or a parenthesis); and the error (None where it did not fail
+        again)."""
         collect = _Collect(densities=True)
 
         def run(z_chain):
@@ -619,21 +620,22 @@ class Potential:
         try:
             self._batch(run)(z.detach())
         except RuntimeError as error:
-            failed = collect.in_density
+            failed, detail = collect.in_density, ""
             if failed is not None:
                 where = (
                     f"in the log density of site {failed.name!r} "
                     f"({type(failed.fn).__name__}.log_prob)"
                 )
             elif collect.sites:
-                where = (
-                    f"after site {collect.sites[-1].name!r} (in the code that follows it, up "
-                    f"to the next site, e.g. building that site's distribution)"
+                where = f"after site {collect.sites[-1].name!r}"
+                detail = (
+                    " (in the code that follows it, up to the next site, e.g. building that "
+                    "site's distribution)"
                 )
             else:
                 where = "before its first site"
-            return where, error
-        return "", None
+            return where, detail, error
+        return "", "", None
 
     def constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Constrained values of the latent and deterministic sites, batched like ``z``."""

@@ -69,7 +69,7 @@ def raised_at(error: BaseException) -> tuple[str, bool]:
     """
     frames = _outside_torch(error)
     users = bool(frames) and _is_users(frames[-1][0])
-    return _located("", frames).removeprefix(", "), users
+    return _where(frames), users
 
 
 def _outside_torch(error: BaseException) -> list[tuple[str, str, str]]:
@@ -86,8 +86,14 @@ def _outside_torch(error: BaseException) -> list[tuple[str, str, str]]:
 def _located(reason: str, frames: list[tuple[str, str, str]]) -> str:
     """``reason``, at the innermost of ``frames`` (path, line, function), reached from the
     innermost outside installed packages and probtorch."""
+    return f"{reason}, {_where(frames)}" if frames else reason
+
+
+def _where(frames: list[tuple[str, str, str]]) -> str:
+    """ "at" the innermost of ``frames``, "reached from" the innermost of the user's own
+    where that is another ("" without frames)."""
     if not frames:
-        return reason
+        return ""
 
     def shown(frame):
         path, line, name = frame
@@ -98,7 +104,7 @@ def _located(reason: str, frames: list[tuple[str, str, str]]) -> str:
 
     inner = frames[-1]
     users = [f for f in frames if _is_users(f[0])]
-    where = f"{reason}, at {shown(inner)}"
+    where = f"at {shown(inner)}"
     if users and users[-1] != inner:
         where += f", reached from {shown(users[-1])}"
     return where
