@@ -1072,26 +1072,36 @@ def test_dropout_in_training_mode_is_named_with_advice():
     mcmc.run(torch.ones(2))
 
 
-def test_discrete_latent_site_is_named():
+def test_a_discrete_latent_site_that_cannot_be_summed_out_is_named():
     def model(y):
-        flip = pt.sample("flip", dist.Bernoulli(0.3))
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        count = pt.sample("count", dist.Poisson(3.0))
         with pt.plate("n", y.shape[0]):
-            pt.sample("y", dist.Normal(flip, 1.0), obs=y)
+            pt.sample("y", dist.Normal(mu + count, 1.0), obs=y)
 
     mcmc = _mcmc(model, num_warmup=5, num_samples=5)
-    with pytest.raises(ValueError, match="'flip'.*discrete"):
+    with pytest.raises(ValueError, match="'count'.*discrete.*Poisson.*not finite"):
         mcmc.run(_data())
 
 
-def test_an_enumerate_annotation_is_named_as_unsupported():
-    def model(y):
+def test_an_enumerate_annotation_changes_nothing():
+    """Discrete sites with a finite support are summed out, annotated (Pyro's
+    ``infer={"enumerate": "parallel"}``, NumPyro's ``config_enumerate``) or not, as
+    Pyro's HMC enumerates them all (tests/test_enumeration.py checks the sums)."""
+
+    def model(y, annotate):
         p = pt.sample("p", dist.Beta(1.0, 1.0))
         with pt.plate("n", y.shape[0]):
-            z = pt.sample("z", dist.Bernoulli(p), infer={"enumerate": "parallel"})
+            infer = {"enumerate": "parallel"} if annotate else None
+            z = pt.sample("z", dist.Bernoulli(p), infer=infer)
             pt.sample("y", dist.Normal(z, 1.0), obs=y)
 
-    with pytest.raises(ValueError, match=r"'z'.*discrete.*'enumerate': 'parallel'.*not supported"):
-        _mcmc(model, num_warmup=5, num_samples=5).run(_data())
+    runs = []
+    for annotate in (True, False):
+        mcmc = _mcmc(model, num_warmup=5, num_samples=5)
+        mcmc.run(_data(), annotate)
+        runs.append(mcmc.get_samples()["p"])
+    assert torch.equal(runs[0], runs[1])
 
 
 def test_a_model_wrapped_in_trace_samples_as_the_model_does(float64):

@@ -14,6 +14,7 @@ compilation is switched off (``compile=False`` or ``PROBTORCH_COMPILE=0``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,15 @@ from ..validation import (
 from .angles import unconstraining_transform
 from .compile import compile_enabled, compile_fn
 from .data_layout import DataLayout
+from .enumeration import (
+    CollectFactors,
+    EnumerateSites,
+    Factor,
+    enumerable,
+    plate_nesting,
+    pointwise_log_likelihood,
+    sum_out,
+)
 from .init_strategies import check_value_names, init_to_uniform
 from .safe_linalg import nan_on_failure
 from .uncompilable import eager_fallback_note, raised_at
@@ -69,14 +79,22 @@ class _Unconstrain(Messenger):
     other latents (``Uniform(0, x)``) is handled.
     """
 
-    def __init__(self, values: dict[str, torch.Tensor], sites: dict[str, LatentSite]):
+    def __init__(
+        self,
+        values: dict[str, torch.Tensor],
+        sites: dict[str, LatentSite],
+        enumerated: frozenset[str] = frozenset(),
+        plate_nesting: int = 0,
+    ):
         super().__init__()
         self.values = values
         self.sites = sites
+        self.enumerated = enumerated  # discrete sites summed out (set by EnumerateSites)
+        self.plate_nesting = plate_nesting
         self.log_det = None
 
     def process_message(self, msg: Message) -> None:
-        if not _is_latent(msg):
+        if not _is_latent(msg) or msg.name in self.enumerated:
             return
         if msg.name not in self.values:
             raise ValueError(
@@ -87,7 +105,9 @@ class _Unconstrain(Messenger):
             torch.Size(msg.kwargs.get("sample_shape", ())) + msg.fn.batch_shape + msg.fn.event_shape
         )
         expected = self.sites[msg.name].shape
-        if shape != expected:
+        if shape != expected and not (
+            self.enumerated and _equal_but_enumerated(shape, expected, msg, self.plate_nesting)
+        ):
             raise ValueError(
                 f"latent site {msg.name!r} has shape {tuple(shape)} now but had shape "
                 f"{tuple(expected)} when the model was first traced; latent shapes must not "
@@ -96,9 +116,33 @@ class _Unconstrain(Messenger):
         unconstrained = self.values[msg.name]
         transform = unconstraining_transform(msg.fn)
         value = transform(unconstrained)
+        if self.enumerated and value.shape != expected:
+            raise ValueError(
+                f"the support of latent site {msg.name!r} depends on a discrete site that is "
+                f"summed out ({sorted(self.enumerated)}): its values would take shape "
+                f"{tuple(value.shape)} instead of {tuple(expected)}. HMC/NUTS need a "
+                f"support that does not depend on enumerated sites"
+            )
         log_det = transform.log_abs_det_jacobian(unconstrained, value).sum()
         self.log_det = log_det if self.log_det is None else self.log_det + log_det
         msg.value = value
+
+
+def _equal_but_enumerated(
+    shape: torch.Size, expected: torch.Size, msg: Message, plate_nesting: int
+) -> bool:
+    """Whether a latent site's shape equals its traced one but for dimensions of enumerated
+    discrete sites (left of the plates) that its distribution's parameters carry."""
+    event = len(msg.fn.event_shape)
+    if shape[len(shape) - event :] != expected[len(expected) - event :]:
+        return False
+    batch = tuple(shape[: len(shape) - event])[-plate_nesting:] if plate_nesting else ()
+    traced = tuple(expected[: len(expected) - event])
+    while batch and batch[0] == 1:
+        batch = batch[1:]
+    while traced and traced[0] == 1:
+        traced = traced[1:]
+    return batch == traced
 
 
 class _LogJoint(Messenger):
@@ -115,14 +159,15 @@ class _LogJoint(Messenger):
 
 
 class _Record(Messenger):
-    """Keep the values of latent and deterministic sites."""
+    """Keep the values of latent and deterministic sites (not of enumerated ones)."""
 
-    def __init__(self):
+    def __init__(self, enumerated: frozenset[str] = frozenset()):
         super().__init__()
+        self.enumerated = enumerated
         self.values: dict[str, torch.Tensor] = {}
 
     def postprocess_message(self, msg: Message) -> None:
-        if _is_latent(msg) or msg.type == "deterministic":
+        if (_is_latent(msg) and msg.name not in self.enumerated) or msg.type == "deterministic":
             self.values[msg.name] = msg.value
 
 
@@ -320,6 +365,16 @@ class Potential:
             model, self.model_args, self.model_kwargs, _seeds(rng_seed, 100), init_to_uniform
         )
         self.sites = self._latent_sites(self.prototype_trace)
+        # Discrete latent sites with a finite support are summed out (as Pyro's and
+        # NumPyro's HMC do), each along a dimension of its own left of the plates.
+        self.enumerated = frozenset(
+            name
+            for name, site in self.prototype_trace.items()
+            if _is_latent(site) and site.fn.support.is_discrete and enumerable(site)
+        )
+        self.plate_nesting = plate_nesting(self.prototype_trace.sample_sites().values())
+        if self.enumerated:
+            _check_plated(self.prototype_trace, self.plate_nesting, self.enumerated)
         self.site_names = [s.name for s in self.sites]
         self.dim = sum(s.size for s in self.sites)
         values = [self.prototype_trace[s.name].value for s in self.sites]
@@ -447,19 +502,24 @@ class Potential:
                 continue
             support = site.fn.support
             if support.is_discrete:
-                enumerate_ = site.infer.get("enumerate")
-                annotated = (
-                    f" (probtorch does not enumerate discrete sites, so "
-                    f"infer={{'enumerate': {enumerate_!r}}} is not supported: sum it out in "
-                    f"the model, e.g. with a mixture distribution or torch.logsumexp in "
-                    f"pt.factor)"
-                    if enumerate_
-                    else ""
+                if enumerable(site):
+                    continue  # summed out of the potential (self.enumerated)
+                enumerate_ = site.infer.get("enumerate", "parallel")
+                why = (
+                    f"its infer={{'enumerate': {enumerate_!r}}} asks for an enumeration that "
+                    f"HMC/NUTS do not do (they sum discrete sites out in parallel: remove "
+                    f"the annotation or make it 'parallel')"
+                    if enumerate_ != "parallel"
+                    else "its support is not finite, so it cannot be summed out "
+                    "(HMC/NUTS sum out discrete sites with a finite support, such as "
+                    "Bernoulli, Categorical or Binomial)"
                 )
                 raise ValueError(
                     f"latent site {name!r} has the discrete distribution "
-                    f"{type(site.fn).__name__} (support {support}); HMC/NUTS need continuous "
-                    f"latent sites: marginalize it out, or observe it{annotated}"
+                    f"{type(site.fn).__name__} (support {support}), and {why}. HMC/NUTS "
+                    f"move continuous latent sites only: marginalize it out in the model "
+                    f"(e.g. a mixture distribution, or torch.logsumexp in pt.factor), or "
+                    f"observe it"
                 )
             if isinstance(innermost(site.fn), pyro_dist.Delta):
                 raise ValueError(
@@ -474,7 +534,13 @@ class Potential:
             sites.append(LatentSite(name, shape, unconstrained_shape, offset))
             offset += math.prod(unconstrained_shape)
         if not sites:
-            raise ValueError("the model has no latent sample sites: there is nothing to infer")
+            discrete = [n for n, site in tr.items() if _is_latent(site) and enumerable(site)]
+            raise ValueError(
+                f"the model has no continuous latent sample sites (its discrete ones, "
+                f"{discrete}, are summed out): there is nothing for HMC/NUTS to sample"
+                if discrete
+                else "the model has no latent sample sites: there is nothing to infer"
+            )
         return sites
 
     # -- packing ----------------------------------------------------------------------
@@ -504,21 +570,41 @@ class Potential:
         return torch.cat(parts, dim=-1)
 
     # -- single-chain functions (vmapped, compiled) -------------------------------------
+    def _unconstrain(self, z: torch.Tensor) -> _Unconstrain:
+        sites, nesting = self._sites_by_name, self.plate_nesting
+        return _Unconstrain(self.unpack(z), sites, self.enumerated, nesting)
+
+    def _enumerate(self) -> EnumerateSites:
+        """Sets the discrete sites to their supports; to be entered after the others."""
+        return EnumerateSites(self.enumerated, -self.plate_nesting - 1)
+
     def _single_potential(self, z: torch.Tensor) -> torch.Tensor:
-        unconstrain = _Unconstrain(self.unpack(z), self._sites_by_name)
-        log_joint = _LogJoint()
-        with nan_on_failure(), log_joint, unconstrain:
-            self.model(*self._args, **self._kwargs)
-        total = log_joint.total + unconstrain.log_det
+        unconstrain = self._unconstrain(z)
+        if self.enumerated:
+            factors, enumerate_ = CollectFactors(), self._enumerate()
+            with nan_on_failure(), factors, unconstrain, enumerate_:
+                self.model(*self._args, **self._kwargs)
+            names = {dim: name for name, dim in enumerate_.site_dims.items()}
+            log_joint = sum_out(factors.factors, self.plate_nesting, enumerate_.sizes, names)
+            total = log_joint + unconstrain.log_det
+        else:
+            log_joint = _LogJoint()
+            with nan_on_failure(), log_joint, unconstrain:
+                self.model(*self._args, **self._kwargs)
+            total = log_joint.total + unconstrain.log_det
         # in the latent values' dtype: a density computed in another (Pyro's
         # SineBivariateVonMises builds its normalizer in torch's default dtype) would make
         # the sampler's energies another dtype than its positions
         return (-total).to(z.dtype)
 
     def _single_constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
-        record = _Record()
-        with nan_on_failure(), record, _Unconstrain(self.unpack(z), self._sites_by_name):
-            self.model(*self._args, **self._kwargs)
+        record = _Record(self.enumerated)
+        with nan_on_failure(), record, self._unconstrain(z):
+            if self.enumerated:
+                with self._enumerate():
+                    self.model(*self._args, **self._kwargs)
+            else:
+                self.model(*self._args, **self._kwargs)
         return record.values
 
     def raw_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -612,9 +698,12 @@ class Potential:
         collect = _Collect(densities=True)
 
         def run(z_chain):
-            unconstrain = _Unconstrain(self.unpack(z_chain), self._sites_by_name)
-            with nan_on_failure(), collect, unconstrain:
-                self.model(*self._args, **self._kwargs)
+            with nan_on_failure(), collect, self._unconstrain(z_chain):
+                if self.enumerated:
+                    with self._enumerate():
+                        self.model(*self._args, **self._kwargs)
+                else:
+                    self.model(*self._args, **self._kwargs)
             return z_chain.sum()
 
         try:
@@ -650,6 +739,8 @@ class Potential:
 
         def single(latent):
             with torch_validation(False), nan_on_failure():
+                if self.enumerated:
+                    return self._enumerated_log_likelihood(latent)
                 tr = trace(substitute(self.model, data=latent)).get_trace(
                     *self._args, **self._kwargs
                 )
@@ -671,6 +762,96 @@ class Potential:
         finally:
             enable_validation(was)
 
+    def _enumerated_log_likelihood(self, latent: dict) -> dict[str, torch.Tensor]:
+        """:meth:`log_likelihood` for one draw of a model with enumerated sites: each
+        observed site's ``log p(y_i | theta)`` with the discrete sites summed out."""
+        factors, enumerate_ = CollectFactors(apply_scale=False), self._enumerate()
+        tracer = trace()
+        with factors, tracer, enumerate_:
+            substitute(self.model, data=latent)(*self._args, **self._kwargs)
+        observed = [
+            name
+            for name, site in tracer.trace.sample_sites(observed=True).items()
+            if not site.infer.get("is_auxiliary", False)
+        ]
+        names = {dim: name for name, dim in enumerate_.site_dims.items()}
+        return pointwise_log_likelihood(
+            factors.factors, observed, self.plate_nesting, enumerate_.sizes, names
+        )
+
+    def sample_discrete(
+        self, values: dict[str, torch.Tensor], seed: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Draws of the summed-out discrete sites from their distribution given each draw of
+        the continuous ones and the data (NumPyro's ``infer_discrete``, Pyro's
+        ``infer_discrete``): a mixture model's component assignments, say.
+
+        ``values`` are constrained draws per continuous latent site with one leading batch
+        dimension (``MCMC.get_samples()``); returns ``{site: (N, *site shape)}``. The sites
+        are drawn one after another, those in fewer plates first, each from its
+        distribution given the draws so far with the others summed out, so that together
+        they are a draw from their joint conditional distribution.
+
+        Example::
+
+            >>> import torch, probtorch as pt, probtorch.distributions as dist
+            >>> def model(y):
+            ...     loc = pt.sample("loc", dist.Normal(0.0, 5.0))
+            ...     with pt.plate("data", len(y)):
+            ...         z = pt.sample("z", dist.Bernoulli(0.5))
+            ...         pt.sample("y", dist.Normal(torch.where(z > 0, loc, -loc), 0.1), obs=y)
+            >>> potential = Potential(model, (torch.tensor([-3.0, 3.0, 3.1]),), compile=False)
+            >>> potential.sample_discrete({"loc": torch.full((2,), 3.0)}, seed=0)["z"]
+            tensor([[0., 1., 1.],
+                    [0., 1., 1.]])
+        """
+        if not self.enumerated:
+            return {}
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(int(torch.randint(0, 2**62, ()).item()) if seed is None else seed)
+        latent = {name: values[name] for name in self.site_names}
+        order = list(self.prototype_trace)
+        fixed: dict[str, torch.Tensor] = {}
+        for name in sorted(
+            self.enumerated,
+            key=lambda n: (len(self.prototype_trace[n].cond_indep_stack), order.index(n)),
+        ):
+            single = functools.partial(self._conditional_logits, name, self.enumerated - set(fixed))
+            with torch_validation(False):
+                logits, support = self._batch(single)(latent, fixed)
+            probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), -1)
+            index = torch.multinomial(probs, 1, generator=generator).reshape(logits.shape[0], -1)
+            event = support.shape[2:]
+            flat = support.reshape(support.shape[:2] + (-1,))  # (draws, n, event size)
+            chosen = index[..., None].expand(index.shape + flat.shape[-1:])
+            value = torch.gather(flat, 1, chosen)
+            fixed[name] = value.reshape(logits.shape[:-1] + event)
+        return fixed
+
+    def _conditional_logits(
+        self, name: str, remaining: frozenset[str], latent: dict, fixed: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """For one draw: the log probabilities (unnormalized) of site ``name``'s values,
+        shaped ``(*site batch shape, n)``, given ``latent``, ``fixed`` and the data, with the
+        ``remaining`` discrete sites but ``name`` summed out; and its support ``(n, *event)``."""
+        factors = CollectFactors()
+        enumerate_ = EnumerateSites(remaining, -self.plate_nesting - 1)
+        with nan_on_failure(), factors, enumerate_:
+            substitute(self.model, data={**latent, **fixed})(*self._args, **self._kwargs)
+        dim = enumerate_.site_dims[name]
+        names = {d: n for n, d in enumerate_.site_dims.items()}
+        site = self.prototype_trace[name]
+        plates = [frame.name for frame in site.cond_indep_stack]
+        logits = sum_out(
+            factors.factors, self.plate_nesting, enumerate_.sizes, names, keep=plates, target={dim}
+        ).movedim(dim, -1)
+        size = logits.shape[-1]
+        batch = tuple(site.fn.batch_shape)
+        padded = (1,) * (self.plate_nesting - len(batch)) + batch
+        logits = logits.reshape(logits.shape[-self.plate_nesting - 1 :]).expand(padded + (size,))
+        support = enumerate_.supports[name].reshape((size,) + tuple(site.fn.event_shape))
+        return logits.reshape(batch + (size,)), support
+
     # -- diagnosis -------------------------------------------------------------------
     def nonfinite_sites(self, z: torch.Tensor) -> list[str]:
         """Names of the sites whose log density, Jacobian or gradient is not finite at ``z``.
@@ -678,14 +859,23 @@ class Potential:
         ``z`` has shape ``(dim,)``; evaluated eagerly, site by site.
         """
         z = z.detach().requires_grad_(True)
-        unconstrain = _Unconstrain(self.unpack(z), self._sites_by_name)
+        unconstrain = self._unconstrain(z)
         collect = _Collect()
         with torch_validation(False):
             with nan_on_failure(), collect, unconstrain:
-                self.model(*self._args, **self._kwargs)
+                if self.enumerated:
+                    with self._enumerate():
+                        self.model(*self._args, **self._kwargs)
+                else:
+                    self.model(*self._args, **self._kwargs)
             log_probs = {site.name: site_log_prob(site) for site in collect.sites}
             bad = [name for name, lp in log_probs.items() if not bool(torch.isfinite(lp).all())]
-            total = -(sum(lp.sum() for lp in log_probs.values()) + unconstrain.log_det)
+            if self.enumerated:
+                factors = [Factor.of_site(site, log_probs[site.name]) for site in collect.sites]
+                log_joint = sum_out(factors, self.plate_nesting)
+            else:
+                log_joint = sum(lp.sum() for lp in log_probs.values())
+            total = -(log_joint + unconstrain.log_det)
             if z.grad is None and total.requires_grad:
                 (grad,) = torch.autograd.grad(total, z, allow_unused=True)
             else:
@@ -857,6 +1047,25 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
         )  # fmt: skip
         rows.append(_pack_trace(potential, tr))
     return torch.stack(rows).detach()
+
+
+def _check_plated(tr: Trace, nesting: int, enumerated: frozenset[str]) -> None:
+    """With discrete sites summed out along dimensions left of the plates, every batch
+    dimension of every site must be one of its plates' (as Pyro checks site shapes)."""
+    for name, site in tr.sample_sites().items():
+        batch = tuple(site_log_prob(site).shape)
+        plates = {frame.dim: frame for frame in site.cond_indep_stack}
+        for dim in range(-len(batch), 0):
+            if batch[dim] != 1 and dim not in plates:
+                declared = ", ".join(f"{f.name!r} at dim {f.dim}" for f in plates.values())
+                raise ValueError(
+                    f"site {name!r} has batch shape {batch}, whose dim {dim} (size "
+                    f"{batch[dim]}) is none of its plates' ({declared or 'none'}). "
+                    f"The model's discrete sites {sorted(enumerated)} are summed out along "
+                    f"dimensions left of its {nesting} plate dims, so every batch dimension "
+                    f"must be declared: put the site in a pt.plate over that dim, or move it "
+                    f"into the event with .to_event()"
+                )
 
 
 def _versions(args: tuple, kwargs: dict) -> list:

@@ -36,6 +36,7 @@ from ..primitives import plate
 from ..runtime import Message, Messenger
 from ..validation import num_event_dims
 from .autoguide.base import AutoGuide
+from .potential import Potential
 
 __all__ = ["Predictive"]
 
@@ -180,6 +181,12 @@ class Predictive:
         batch_ndims: the number of leading sample dims of ``posterior_samples``: 1 for
             ``(S, ...)`` draws, 2 for ``(chains, draws, ...)`` ones (e.g.
             ``MCMC.get_samples(group_by_chain=True)``), which the results then keep.
+        infer_discrete: as NumPyro's: draw the discrete latent sites that HMC/NUTS summed
+            out (a mixture's assignments) from their distribution given each posterior
+            draw and the data the model is called with
+            (:meth:`~probtorch.inference.potential.Potential.sample_discrete`), return them,
+            and predict the other sites given them. Without it they are drawn from their
+            prior given the draw, as new data would be.
 
     Calling it with the model's arguments (and ``seed=`` for reproducible draws) returns
     ``{site: (S, ...) tensor}``.
@@ -210,6 +217,7 @@ class Predictive:
         return_sites: Sequence[str] | None = None,
         parallel: bool | None = None,
         batch_ndims: int = 1,
+        infer_discrete: bool = False,
     ):
         if not callable(model):
             raise TypeError(f"Predictive needs a callable model, got {model!r}")
@@ -249,13 +257,17 @@ class Predictive:
             raise TypeError(f"parallel must be True, False or None, got {parallel!r}")
         self.parallel = parallel
         self.batch_ndims = batch_ndims
+        self.infer_discrete = bool(infer_discrete)
 
     def __call__(self, *args, seed: int | None = None, **kwargs) -> dict[str, torch.Tensor]:
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         with torch.no_grad(), _seed(int(seed)):
             samples = self._posterior_draws(args, kwargs)
-            out = self._predict(samples, args, kwargs)
+            discrete = self._discrete_draws(samples, args, kwargs, int(seed))
+            out = self._predict({**samples, **discrete}, args, kwargs)
+            if self.return_sites is None:
+                out = {**discrete, **out}
         return {
             name: value.reshape(self._sample_shape + value.shape[1:]) for name, value in out.items()
         }
@@ -279,6 +291,20 @@ class Predictive:
         proto = trace(guide).get_trace(*args, **kwargs)
         names = [name for name, site in proto.items() if _is_latent(site)]
         return _run(guide, {}, self.num_samples, proto, names, self.parallel, args, kwargs)
+
+    def _discrete_draws(self, samples, args, kwargs, rng_seed) -> dict[str, torch.Tensor]:
+        """With ``infer_discrete``: the summed-out discrete sites drawn given each draw."""
+        if not self.infer_discrete:
+            return {}
+        model = self.model if self.params is None else substitute(self.model, data=self.params)
+        potential = Potential(model, args, kwargs, compile=False)
+        missing = [name for name in potential.site_names if name not in samples]
+        if missing:
+            raise ValueError(
+                f"Predictive(infer_discrete=True) draws the discrete sites given the "
+                f"continuous ones, but the posterior draws lack {missing}"
+            )
+        return potential.sample_discrete(samples, seed=rng_seed)
 
     # -- the model ---------------------------------------------------------------------
     def _predict(self, samples, args, kwargs) -> dict[str, torch.Tensor]:
