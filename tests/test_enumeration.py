@@ -133,6 +133,39 @@ def test_a_continuous_site_may_depend_on_a_summed_out_one():
     torch.testing.assert_close(potential(z), expected)
 
 
+TRANSITIONS = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.05, 0.15, 0.8]])
+
+
+def chain(y):
+    """A hidden Markov chain written as a Python loop: each state a site of its own."""
+    scale = pt.sample("scale", dist.HalfNormal(1.0))
+    state = 0
+    for t in range(y.shape[0]):
+        state = pt.sample(f"z{t}", dist.Categorical(TRANSITIONS[state]))
+        pt.sample(f"y{t}", dist.Normal(LOCS[state], scale), obs=y[t])
+
+
+def test_a_chain_of_discrete_sites_is_summed_out_as_the_forward_algorithm_does():
+    """Twenty states summed out one at a time (variable elimination), not as one
+    3 ** 20 tensor, and equal to the forward recursion."""
+    y = torch.randn(20, generator=torch.Generator().manual_seed(3))
+    potential = Potential(chain, (y,), compile=False)
+    z = torch.tensor([[-0.3]], dtype=torch.float64)
+    scale = z[0, 0].exp()
+    alpha = TRANSITIONS[0].log() + dist.Normal(LOCS, scale).log_prob(y[0])
+    for t in range(1, y.shape[0]):
+        alpha = torch.logsumexp(alpha[:, None] + TRANSITIONS.log(), 0)
+        alpha = alpha + dist.Normal(LOCS, scale).log_prob(y[t])
+    expected = -(torch.logsumexp(alpha, 0) + dist.HalfNormal(1.0).log_prob(scale) + z[0, 0])
+    torch.testing.assert_close(potential(z)[0], expected)
+
+
+def test_too_many_discrete_sites_for_torch_dims_are_refused_with_advice():
+    potential = Potential(chain, (torch.zeros(70),), compile=False)
+    with pytest.raises(ValueError, match=r"'z62' is discrete site number 63.*64 dims.*DiscreteHMM"):
+        potential(torch.zeros(1, 1))
+
+
 def mixture(y):
     """Two components with a known first location: the weight and the second location."""
     p = pt.sample("p", dist.Beta(2.0, 2.0))

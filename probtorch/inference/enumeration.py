@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
@@ -53,6 +54,9 @@ __all__ = [
     "sum_out",
     "pointwise_log_likelihood",
 ]
+
+
+MAX_DIMS = 62  # of one chain's tensors: torch's 64, less the chains' and one to spare
 
 
 def enumerable(site: Message) -> bool:
@@ -102,6 +106,15 @@ class EnumerateSites(Messenger):
         if msg.type != "sample" or msg.name not in self.names or msg.is_observed:
             return
         dim = self.first_dim - len(self.sizes)
+        if -dim + len(msg.fn.event_shape) > MAX_DIMS:
+            raise ValueError(
+                f"site {msg.name!r} is discrete site number {len(self.sizes) + 1} to be summed "
+                f"out, along dim {dim}; torch tensors have at most 64 dims (one of them for the "
+                f"chains). Each discrete site takes a dim of its own (probtorch has no "
+                f"pyro.markov to reuse them along a chain): marginalize a long chain in the "
+                f"model, e.g. with Pyro's DiscreteHMM distribution or a forward recursion "
+                f"in pt.factor"
+            )
         support = msg.fn.enumerate_support(expand=False)
         size = support.shape[0]
         event_shape = tuple(msg.fn.event_shape)
@@ -166,12 +179,33 @@ def _product(term: torch.Tensor, plates: Iterable[tuple[int, int]]) -> torch.Ten
     return term
 
 
-def _sumproduct(terms: list[torch.Tensor], dims: Iterable[int]) -> torch.Tensor:
+def _add(terms: list[torch.Tensor]) -> torch.Tensor:
     total = terms[0]
     for term in terms[1:]:
         total = total + term
-    dims = sorted(dims)
-    return torch.logsumexp(total, dim=dims, keepdim=True) if dims else total
+    return total
+
+
+def _intermediate_size(terms: list[torch.Tensor], dim: int) -> int:
+    shapes = [t.shape for t in terms if t.shape[dim] > 1]
+    return math.prod(torch.broadcast_shapes(*shapes)) if shapes else 0
+
+
+def _sumproduct(terms: list[torch.Tensor], dims: Iterable[int]) -> torch.Tensor:
+    """The log of the product of ``terms`` with ``dims`` summed out, one dimension at a
+    time (variable elimination): each time the dimension whose terms make the smallest
+    intermediate, so that a chain of sites (``z[t]`` drawn given ``z[t - 1]``) costs
+    linearly in its length, not exponentially."""
+    terms, dims = list(terms), set(dims)
+    while dims:
+        dim = min(sorted(dims), key=lambda d, terms=terms: _intermediate_size(terms, d))
+        dims.remove(dim)
+        involved = [t for t in terms if t.shape[dim] > 1]
+        if not involved:
+            continue
+        terms = [t for t in terms if t.shape[dim] == 1]
+        terms.append(torch.logsumexp(_add(involved), dim=dim, keepdim=True))
+    return _add(terms)
 
 
 def _components(terms: list, dims: set[int], sizes: dict[int, int], key=lambda t: t) -> list:
