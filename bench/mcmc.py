@@ -66,7 +66,15 @@ PROBTORCH_VARIANTS = (
     "vectorized-split-machine",
     "vectorized-auto-machine",
 )
-MODELS = ("eight_schools", "logreg", "hier_reg", "saas_gp", "gauss100_diag", "gauss100_dense")
+MODELS = (
+    "eight_schools",
+    "logreg",
+    "hier_reg",
+    "saas_gp",
+    "gauss100_diag",
+    "gauss100_dense",
+    "gmm",
+)
 LIBS = ("probtorch", "numpyro", "pyro")
 
 # Per-model sampler options, the same for every library.
@@ -78,6 +86,8 @@ MODEL_OPTS = {
     "saas_gp": {"dense_mass": True, "max_tree_depth": 6},
     "gauss100_diag": {"dense_mass": False, "max_tree_depth": 10},
     "gauss100_dense": {"dense_mass": True, "max_tree_depth": 10},
+    # discrete assignments summed out by each library's parallel enumeration
+    "gmm": {"dense_mass": False, "max_tree_depth": 10},
 }
 
 # Pyro runs its chains one after another on this machine (num_chains > cpu_count - 1), and
@@ -86,6 +96,7 @@ MODEL_OPTS = {
 PYRO_AUTO = {
     "saas_gp": (1, 500, 500),
     "gauss100_diag": (1, 500, 500),
+    "gmm": (1, 500, 500),
 }
 
 
@@ -133,6 +144,12 @@ def make_data(model: str) -> dict:
         cov = (Q * variances) @ Q.T
         cov = 0.5 * (cov + cov.T)
         return {"scale_tril": np.linalg.cholesky(cov), "d": d}
+    if model == "gmm":
+        rng = np.random.default_rng(5)
+        n = 1000
+        z = rng.choice(3, size=n, p=[0.3, 0.5, 0.2])
+        y = np.array([-3.0, 0.0, 4.0])[z] + rng.standard_normal(n)
+        return {"y": y}
     if model == MACHINE_PREBUILD:
         return {"d": 3}
     raise ValueError(f"unknown model {model!r}")
@@ -155,6 +172,7 @@ LATENT = {
     "saas_gp": ("outputscale", "mean", "noise", "kernel_tausq", "_kernel_inv_length_sq"),
     "gauss100_diag": ("x",),
     "gauss100_dense": ("x",),
+    "gmm": ("weights", "loc0", "gaps", "scale"),
     MACHINE_PREBUILD: ("x",),
 }
 MIN_INFERRED_NOISE_LEVEL = 1e-4  # BoTorch's floor on the inferred noise variance
@@ -246,6 +264,22 @@ def probtorch_model(model: str, data: dict):
             pt.sample("x", dist.MultivariateNormal(torch.zeros(d), scale_tril=scale_tril))
 
         return gauss, (t["scale_tril"],)
+    if model == "gmm":
+
+        def gmm(y):
+            # three components, ordered locations (no label switching between chains); the
+            # assignments z are summed out by enumeration
+            weights = pt.sample("weights", dist.Dirichlet(torch.ones(3)))
+            loc0 = pt.sample("loc0", dist.Normal(0.0, 5.0))
+            with pt.plate("gap", 2):
+                gaps = pt.sample("gaps", dist.HalfNormal(5.0))
+            locs = torch.cat([loc0[None], loc0 + torch.cumsum(gaps, -1)])
+            scale = pt.sample("scale", dist.HalfNormal(2.0))
+            with pt.plate("n", y.shape[0]):
+                z = pt.sample("z", dist.Categorical(weights))
+                pt.sample("y", dist.Normal(locs[z], scale), obs=y)
+
+        return gmm, (t["y"],)
     raise ValueError(model)
 
 
@@ -324,6 +358,20 @@ def numpyro_model(model: str, data: dict):
             numpyro.sample("x", dist.MultivariateNormal(jnp.zeros(d), scale_tril=scale_tril))
 
         return gauss, (t["scale_tril"],)
+    if model == "gmm":
+
+        def gmm(y):
+            weights = numpyro.sample("weights", dist.Dirichlet(jnp.ones(3)))
+            loc0 = numpyro.sample("loc0", dist.Normal(0.0, 5.0))
+            with numpyro.plate("gap", 2):
+                gaps = numpyro.sample("gaps", dist.HalfNormal(5.0))
+            locs = jnp.concatenate([loc0[None], loc0 + jnp.cumsum(gaps, -1)])
+            scale = numpyro.sample("scale", dist.HalfNormal(2.0))
+            with numpyro.plate("n", y.shape[0]):
+                z = numpyro.sample("z", dist.Categorical(weights), infer={"enumerate": "parallel"})
+                numpyro.sample("y", dist.Normal(locs[z], scale), obs=y)
+
+        return gmm, (t["y"],)
     raise ValueError(model)
 
 
@@ -399,6 +447,20 @@ def pyro_model(model: str, data: dict):
             pyro.sample("x", dist.MultivariateNormal(torch.zeros(d), scale_tril=scale_tril))
 
         return gauss, (t["scale_tril"],)
+    if model == "gmm":
+
+        def gmm(y):
+            weights = pyro.sample("weights", dist.Dirichlet(torch.ones(3)))
+            loc0 = pyro.sample("loc0", dist.Normal(0.0, 5.0))
+            with pyro.plate("gap", 2):
+                gaps = pyro.sample("gaps", dist.HalfNormal(5.0))
+            locs = torch.cat([loc0[None], loc0 + torch.cumsum(gaps, -1)])
+            scale = pyro.sample("scale", dist.HalfNormal(2.0))
+            with pyro.plate("n", y.shape[0]):
+                z = pyro.sample("z", dist.Categorical(weights))  # Pyro's HMC enumerates it
+                pyro.sample("y", dist.Normal(locs[z], scale), obs=y)
+
+        return gmm, (t["y"],)
     raise ValueError(model)
 
 
