@@ -395,7 +395,8 @@ class plate(Messenger):
                 + (f" (subsampled from {self.size})" if n != self.size else "")
                 + ". Sizes must match (or be 1 to broadcast)."
             )
-        if current != n:
+        if current != n or len(padded) != len(batch_shape):
+            # (a plate of one element still adds its dim, as in Pyro and NumPyro)
             target = list(padded)
             target[self.dim] = n
             expanded = msg.fn.expand(torch.Size(target))

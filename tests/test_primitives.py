@@ -341,6 +341,21 @@ def test_plate_explicit_dim():
     )
 
 
+def test_a_plate_of_one_element_adds_its_dim():
+    """As in Pyro and NumPyro (it left the batch shape as it was: a site in a plate of size
+    1 had shape (), so that ``torch.cat`` of it with other vectors failed)."""
+
+    def model():
+        with pt.plate("one", 1):
+            x = pt.sample("x", dist.Normal(0.0, 1.0))
+        with pt.plate("rows", 1, dim=-2):
+            y = pt.sample("y", dist.Normal(0.0, 1.0))
+        return x, y
+
+    x, y = seed(model, rng_seed=0)()
+    assert x.shape == (1,) and y.shape == (1, 1)
+
+
 def test_plate_automatic_dim_skips_dims_of_enclosing_plates():
     def model():
         with pt.plate("a", 2, dim=-1):
