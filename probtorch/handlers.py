@@ -156,6 +156,8 @@ class seed(Messenger):
         True
     """
 
+    provides_randomness = True
+
     def __init__(self, fn: Callable | None = None, rng_seed: int | None = None):
         if rng_seed is None and fn is not None and not callable(fn):
             fn, rng_seed = None, fn

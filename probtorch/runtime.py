@@ -132,6 +132,11 @@ def apply_stack(msg: Message, outside_of: Messenger | None = None) -> Message:
         seen += 1
         handler.process_message(msg)
         if msg.stop:
+            # A site hidden from the outer handlers (block) still draws from an outer
+            # seed's generator, as in Pyro, whose seed is the global generator.
+            for outer in stack[: len(stack) - seen]:
+                if outer.provides_randomness:
+                    msg.extra["seeded"] = True
             break
     if msg.value is None and not msg.done and msg.default is not None:
         msg.value = msg.default(msg)
@@ -161,6 +166,8 @@ class Messenger:
         >>> float(x)
         6.0
     """
+
+    provides_randomness = False  # seed: sample sites may draw from torch's generator
 
     def __init__(self, fn: Callable | None = None):
         if fn is not None and not callable(fn):

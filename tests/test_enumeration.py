@@ -14,7 +14,8 @@ import torch
 import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.handlers import substitute, trace
-from probtorch.inference import HMC, MCMC, NUTS, Predictive
+from probtorch.inference import HMC, MCMC, NUTS, SVI, Predictive, TraceEnum_ELBO
+from probtorch.inference.autoguide import AutoDelta
 from probtorch.inference.potential import Potential
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -182,6 +183,18 @@ def _mixture_data(n=80):
     return torch.where(second, 2.5 + noise, -1.0 + noise)
 
 
+def _mixture_log_posterior_grid(y, size=600):
+    """``(p, mu, log density)`` of the mixture's posterior on a grid (p along dim 0)."""
+    p = torch.linspace(1e-4, 1 - 1e-4, size, dtype=torch.float64)[:, None]
+    mu = torch.linspace(0.5, 4.5, size, dtype=torch.float64)[None, :]
+    mix = torch.logaddexp(
+        (1 - p[..., None]).log() + dist.Normal(-1.0, 1.0).log_prob(y),
+        p[..., None].log() + dist.Normal(mu[..., None], 1.0).log_prob(y),
+    )
+    log_post = dist.Beta(2.0, 2.0).log_prob(p) + dist.Normal(0.0, 3.0).log_prob(mu) + mix.sum(-1)
+    return p, mu, log_post
+
+
 def test_compiled_sampler_of_an_enumerated_model_draws_what_the_eager_one_draws():
     from probtorch.inference.compile import count_compiles
 
@@ -212,19 +225,10 @@ def test_nuts_on_a_mixture_against_the_posterior_by_quadrature():
     R-hat < 1.01, no divergences; the log likelihood in the InferenceData is the
     mixture's per observation; posterior predictive draws the discrete site afresh."""
     y = _mixture_data()
-    p = torch.linspace(1e-4, 1 - 1e-4, 600, dtype=torch.float64)[:, None, None]
-    mu = torch.linspace(0.5, 4.5, 600, dtype=torch.float64)[None, :, None]
-    mix = torch.logaddexp(
-        (1 - p).log() + dist.Normal(-1.0, 1.0).log_prob(y),
-        p.log() + dist.Normal(mu, 1.0).log_prob(y),
-    )
-    log_post = (
-        dist.Beta(2.0, 2.0).log_prob(p[..., 0]) + dist.Normal(0.0, 3.0).log_prob(mu[..., 0])
-        + mix.sum(-1)
-    )  # fmt: skip
+    p, mu, log_post = _mixture_log_posterior_grid(y)
     weights = torch.softmax(log_post.reshape(-1), 0).reshape(log_post.shape)
     exact = {}
-    for name, grid in (("p", p[..., 0]), ("mu", mu[..., 0])):
+    for name, grid in (("p", p), ("mu", mu)):
         mean = float((weights * grid).sum())
         exact[name] = (mean, float((weights * (grid - mean) ** 2).sum().sqrt()))
     mcmc = MCMC(NUTS(mixture), num_warmup=500, num_samples=1000, num_chains=4, seed=0,
@@ -272,6 +276,61 @@ def test_predictive_infer_discrete_draws_the_assignments_given_the_data():
     assert abs(float(prior["z"].mean()) - 0.3) < 5 * math.sqrt(0.21 / prior["z"].numel())
     with pytest.raises(ValueError, match=r"infer_discrete.*lack \['mu'\]"):
         Predictive(mixture, {"p": draws["p"]}, infer_discrete=True)(y, seed=1)
+
+
+# -- SVI: TraceEnum_ELBO ---------------------------------------------------------------
+@pytest.mark.parametrize("num_particles", [1, 3])
+def test_trace_enum_elbo_is_minus_the_marginal_log_density_without_guided_sites(num_particles):
+    """With the continuous site observed (conditioned) the guide samples nothing and the
+    loss is minus the model's log density with the discrete sites summed out: the
+    potential energy less its log-Jacobian, whatever the number of particles."""
+    w, y = _nested_data()
+    scale = torch.tensor(0.8, dtype=torch.float64)
+    model = pt.handlers.condition(nested, data={"scale": scale})
+    loss = TraceEnum_ELBO(num_particles=num_particles).loss(model, lambda w, y: None, w, y)
+    z = scale.log().reshape(1, 1)
+    expected = Potential(nested, (w, y), compile=False)(z)[0] + z[0, 0]
+    torch.testing.assert_close(torch.tensor(loss), expected)
+
+    def point(y):  # a point-mass guide on a real-valued site: log q = 0
+        pt.sample("x", dist.Delta(torch.tensor(0.4, dtype=torch.float64)))
+
+    y = torch.tensor([0.4, 1.1, 2.3], dtype=torch.float64)
+    loss = TraceEnum_ELBO(num_particles=num_particles).loss(continuous_given_discrete, point, y)
+    expected = Potential(continuous_given_discrete, (y,), compile=False)(torch.full((1, 1), 0.4))
+    torch.testing.assert_close(torch.tensor(loss), expected[0])
+
+
+def test_trace_enum_elbo_refuses_a_discrete_guide_site_and_a_small_max_plate_nesting():
+    w, y = _nested_data()
+
+    def guide(w, y):
+        pt.sample("scale", dist.LogNormal(0.0, 1.0))
+        pt.sample("z1", dist.Categorical(PRIOR))
+
+    def scale_guide(w, y):
+        pt.sample("scale", dist.LogNormal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match=r"guide site 'z1' is discrete.*block\(model"):
+        TraceEnum_ELBO().loss(nested, guide, w, y)
+    with pytest.raises(ValueError, match=r"max_plate_nesting=1.*2 batch dims"):
+        TraceEnum_ELBO(max_plate_nesting=1).loss(nested, scale_guide, w, y)
+
+
+def test_svi_fits_a_mixture_with_its_assignments_summed_out():
+    """Pyro's recipe: an autoguide on the model with the assignments hidden, and
+    TraceEnum_ELBO; compiled SVI's point estimate (AutoDelta: a MAP estimate) lands on the
+    posterior's mode found on a grid."""
+    y = _mixture_data()
+    guide = AutoDelta(pt.handlers.block(mixture, hide=["z"]))
+    svi = SVI(mixture, guide, pt.optim.Adam(lr=0.05), TraceEnum_ELBO())
+    result = svi.run(800, y, progress_bar=False)
+    point = guide.median(result.params)
+    assert set(point) == {"p", "mu"}
+    p, mu, log_post = _mixture_log_posterior_grid(y)  # the mode, on a grid of 0.007 steps
+    best = int(log_post.argmax())
+    p_map, mu_map = float(p.reshape(-1)[best // 600]), float(mu.reshape(-1)[best % 600])
+    assert abs(float(point["p"]) - p_map) < 0.01 and abs(float(point["mu"]) - mu_map) < 0.01
 
 
 # -- what cannot be summed out -----------------------------------------------------------

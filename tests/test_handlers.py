@@ -380,6 +380,19 @@ def test_block_hides_sites_from_outer_handlers():
     assert float(x) != 5.0
 
 
+def test_a_site_hidden_by_block_still_draws_from_an_outer_seed():
+    """As in Pyro (whose seed is torch's global generator): an autoguide built on
+    ``block(model, hide=["z"])`` traces the model under its own seed (it raised
+    RandomnessError: the seed outside the block never saw the site)."""
+    x, y = seed(block(two_sites, hide=["x"]), rng_seed=0)()
+    x2, y2 = seed(block(two_sites, hide=["x"]), rng_seed=0)()
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    tr = trace(seed(block(two_sites, hide=["x"]), rng_seed=0)).get_trace()
+    assert list(tr) == ["y"]
+    with pytest.raises(pt.primitives.RandomnessError, match="'x'"):
+        block(two_sites, hide=["x"])()  # no seed anywhere: still refused
+
+
 # -- replay ---------------------------------------------------------------------------
 
 

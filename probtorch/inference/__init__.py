@@ -1,7 +1,7 @@
 """Inference: model -> potential, MCMC (NUTS/HMC), SVI (ELBOs, autoguides), Predictive."""
 
 from . import autoguide
-from .elbo import RenyiELBO, Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
+from .elbo import RenyiELBO, Trace_ELBO, TraceEnum_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
 from .init_strategies import (
     init_to_feasible,
     init_to_mean,
@@ -30,6 +30,7 @@ __all__ = [
     "SVI",
     "SVIRunResult",
     "Trace_ELBO",
+    "TraceEnum_ELBO",
     "TraceMeanField_ELBO",
     "TraceGraph_ELBO",
     "RenyiELBO",

@@ -47,6 +47,7 @@ from ..handlers import Trace, replay, site_log_prob, trace
 from ..primitives import plate
 from ..runtime import Message, Messenger
 from ..validation import innermost, torch_validation
+from .enumeration import EnumerateSites, Factor, enumerable, sum_out
 
 __all__ = ["ELBO", "Trace_ELBO", "TraceMeanField_ELBO", "TraceGraph_ELBO", "RenyiELBO"]
 
@@ -59,6 +60,8 @@ class _Seeded(Messenger):
     ``seed`` sets and restores the generator state, which compiled code cannot do; SVI
     manages the generator on the host and marks the sites seeded with this handler.
     """
+
+    provides_randomness = True
 
     def process_message(self, msg: Message) -> None:
         msg.extra["seeded"] = True
@@ -105,6 +108,8 @@ class ELBOPlan:
     # downstream of it (the Rao-Blackwellized cost).
     downstream: dict = field(default_factory=dict)
     initial_state: dict = field(default_factory=dict)
+    # TraceEnum_ELBO: the model's discrete latent sites, not in the guide, summed out
+    enumerated: tuple[str, ...] = ()
 
 
 # -- support and shape checks -------------------------------------------------------------
@@ -300,6 +305,10 @@ class ELBO:
                 guide_tracer(*args, **kwargs)
         guide_trace = guide_tracer.trace
         replayed = replay(model, trace=guide_trace)
+        if plan is not None and plan.enumerated:
+            enumerate_ = EnumerateSites(plan.enumerated, self._first_enum_dim(plan))
+            enumerate_.fn = replayed
+            replayed = enumerate_
         if validate:
             model_tracer = trace(_CheckAgainstGuide(replayed, guide_trace))
         else:
@@ -316,6 +325,11 @@ class ELBO:
         if self.vectorize_particles and self.num_particles > 1:
             return -(plan.max_plate_nesting + 1)
         return None
+
+    def _first_enum_dim(self, plan: ELBOPlan) -> int:
+        """Where the first summed-out site's values lie: left of the plates and particles."""
+        pdim = self._particle_dim(plan)
+        return (pdim if pdim is not None else -plan.max_plate_nesting) - 1
 
     def prepare(self, model: Callable, guide: Callable, args: tuple, kwargs: dict) -> ELBOPlan:
         """Run guide and model once, eagerly, with checks; fix the plan of later runs."""
@@ -350,7 +364,7 @@ class ELBO:
         particle dim: the model broadcast a latent drawn per particle against another
         dim, and the loss would count each observation once per pair of particles."""
         model_trace, guide_trace = self._traces(model, guide, args, kwargs, plan)
-        allowed = plan.max_plate_nesting + 1
+        allowed = plan.max_plate_nesting + 1 + len(plan.enumerated)
         for where, tr in (("model", model_trace), ("guide", guide_trace)):
             for name, site in tr.items():
                 if site.type != "sample":
@@ -373,6 +387,8 @@ class ELBO:
         guide_latents = [n for n, s in guide_trace.items() if _is_latent(s)]
         for name in model_latents:
             if name not in guide_trace or guide_trace[name].type != "sample":
+                if self._sums_out(model_trace[name]):
+                    continue
                 raise ValueError(
                     f"latent site {name!r} of the model ({type(model_trace[name].fn).__name__})"
                     f" is not sampled by the guide; the guide must sample every latent site "
@@ -412,6 +428,11 @@ class ELBO:
             model_sites=tuple(n for n, s in model_trace.items() if s.type == "sample"),
         )
 
+    def _sums_out(self, site: Message) -> bool:
+        """Whether the model's latent ``site``, which the guide does not sample, is summed
+        out of the model's density (TraceEnum_ELBO)."""
+        return False
+
     def _check_reparam(self, guide_trace: Trace, guide_latents: list) -> None:
         for name in guide_latents:
             fn = guide_trace[name].fn
@@ -446,12 +467,7 @@ class ELBO:
     def _elbo_particles(self, model_trace, guide_trace, plan, kl_sites=frozenset()):
         """Per-particle ELBO: ``(num_particles,)`` when vectorized, else ``()``."""
         pdim, num = self._particle_dim(plan), self.num_particles
-        elbo = None
-        for name in plan.model_sites:
-            if name in kl_sites:
-                continue
-            term = _per_particle(site_log_prob(model_trace[name]), pdim, num)
-            elbo = term if elbo is None else elbo + term
+        elbo = self._model_log_density(model_trace, plan, kl_sites)
         for name in plan.guide_latents:
             site = guide_trace[name]
             if name in kl_sites:
@@ -468,6 +484,17 @@ class ELBO:
             elbo = term if elbo is None else elbo + term
         for name in plan.guide_factors:
             term = -_per_particle(site_log_prob(guide_trace[name]), pdim, num)
+            elbo = term if elbo is None else elbo + term
+        return elbo
+
+    def _model_log_density(self, model_trace, plan, kl_sites=frozenset()):
+        """``log p`` of the model's sites (but ``kl_sites``) per particle."""
+        pdim, num = self._particle_dim(plan), self.num_particles
+        elbo = None
+        for name in plan.model_sites:
+            if name in kl_sites:
+                continue
+            term = _per_particle(site_log_prob(model_trace[name]), pdim, num)
             elbo = term if elbo is None else elbo + term
         return elbo
 
@@ -493,6 +520,90 @@ class Trace_ELBO(ELBO):
         >>> abs(Trace_ELBO(num_particles=4).loss(model, guide))
         0.0
     """
+
+
+class TraceEnum_ELBO(ELBO):
+    """Trace_ELBO with the model's discrete latent sites that the guide leaves out summed
+    out of the model's density (Pyro's ``TraceEnum_ELBO``, with the enumeration in the
+    model): ``E_q[log sum_z p(x, z, theta) - log q(theta)]``, the sum exact, by parallel
+    enumeration over the plates (:mod:`probtorch.inference.enumeration`, as HMC/NUTS sum
+    them out). A site is summed out whether or not it is marked
+    ``infer={"enumerate": "parallel"}``; it needs a finite support. An autoguide leaves
+    such sites out when built on ``pt.handlers.block(model, hide=[...])``. Discrete sites
+    of the guide are not enumerated (use TraceGraph_ELBO for those).
+
+    Args:
+        num_particles, vectorize_particles: as for :class:`Trace_ELBO`.
+        max_plate_nesting: Pyro's argument; found from the model's plates here (a value
+            below what the model uses is refused).
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> def model(y):
+        ...     loc = pt.sample("loc", dist.Normal(0.0, 1.0))
+        ...     with pt.plate("data", len(y)):
+        ...         z = pt.sample("z", dist.Bernoulli(0.5))
+        ...         pt.sample("y", dist.Normal(loc * (2 * z - 1), 1.0), obs=y)
+        >>> def guide(y):
+        ...     pt.sample("loc", dist.Delta(torch.tensor(0.0)))
+        >>> y = torch.tensor([0.5, -1.0])
+        >>> round(TraceEnum_ELBO().loss(model, guide, y), 4)  # -log N(0|0,1) - log N(y|0,1)
+        3.3818
+    """
+
+    def __init__(
+        self,
+        num_particles: int = 1,
+        vectorize_particles: bool = True,
+        max_plate_nesting: int | None = None,
+    ):
+        super().__init__(num_particles, vectorize_particles)
+        self.max_plate_nesting = max_plate_nesting
+
+    def _sums_out(self, site: Message) -> bool:
+        return site.fn.support.is_discrete and enumerable(site)
+
+    def _check_reparam(self, guide_trace: Trace, guide_latents: list) -> None:
+        for name in guide_latents:
+            fn = guide_trace[name].fn
+            if fn.support.is_discrete:
+                raise ValueError(
+                    f"guide site {name!r} is discrete ({type(fn).__name__}): "
+                    f"TraceEnum_ELBO sums out the model's discrete sites that the guide "
+                    f"leaves out, and does not enumerate the guide's. Leave it out of the "
+                    f"guide (for an autoguide, build it on pt.handlers.block(model, "
+                    f"hide=[{name!r}])), or use TraceGraph_ELBO"
+                )
+        super()._check_reparam(guide_trace, guide_latents)
+
+    def _extend_plan(self, plan: ELBOPlan, model_trace: Trace, guide_trace: Trace) -> None:
+        if self.max_plate_nesting is not None and self.max_plate_nesting < plan.max_plate_nesting:
+            raise ValueError(
+                f"max_plate_nesting={self.max_plate_nesting}, but the model's sites use "
+                f"{plan.max_plate_nesting} batch dims; leave it out (probtorch finds it)"
+            )
+        plan.enumerated = tuple(
+            name
+            for name, site in model_trace.items()
+            if _is_latent(site) and name not in guide_trace and self._sums_out(site)
+        )
+
+    def _model_log_density(self, model_trace, plan, kl_sites=frozenset()):
+        if not plan.enumerated:
+            return super()._model_log_density(model_trace, plan, kl_sites)
+        pdim, num = self._particle_dim(plan), self.num_particles
+        factors, names = [], {}
+        for name in plan.model_sites:
+            site = model_trace[name]
+            factors.append(Factor.of_site(site, site_log_prob(site)))
+            if name in plan.enumerated:  # its values lie along dim -(value's batch dims)
+                names[len(site.fn.event_shape) - site.value.dim()] = name
+        nesting = plan.max_plate_nesting + (pdim is not None)
+        if pdim is None:
+            return sum_out(factors, nesting, names=names)
+        per_particle = sum_out(factors, nesting, names=names, keep={_PARTICLES}).reshape(-1)
+        return per_particle.expand(num) if per_particle.numel() == 1 else per_particle
 
 
 class TraceMeanField_ELBO(ELBO):

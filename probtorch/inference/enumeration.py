@@ -258,7 +258,7 @@ def _eliminate(tree: dict[frozenset, list], sizes, frames, names) -> list[tuple]
 
 
 def _intractable(leaf: frozenset, dims: Iterable[int], names: dict[int, str]) -> str:
-    sites = ", ".join(repr(names[d]) for d in sorted(dims, reverse=True))
+    sites = ", ".join(repr(names.get(d, f"dim {d}")) for d in sorted(dims, reverse=True))
     return (
         f"the discrete sites {sites} are summed out, but they are read together in plates "
         f"{sorted(leaf)} that are not nested inside one another: no order of summing them "
@@ -293,7 +293,7 @@ def sum_out(
             for dim in range(-f.log_prob.dim(), -plate_nesting):
                 if shape[dim] > 1:
                     sizes[dim] = shape[dim]
-    names = names or {d: f"dim {d}" for d in sizes}
+    names = names or {}
     checked_sizes, sizes = sizes, {d: n for d, n in sizes.items() if d not in target}
     frames: dict[str, tuple[int, int]] = {}
     tree: dict[frozenset, list] = {}

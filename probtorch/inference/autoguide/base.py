@@ -257,8 +257,11 @@ class AutoGuide:
             raise ValueError(
                 f"{type(self).__name__}: latent site {site.name!r} has the discrete "
                 f"distribution {type(site.fn).__name__} (support {support}); autoguides "
-                f"handle continuous latent sites only: marginalize it out, observe it, or "
-                f"write a guide for it"
+                f"handle continuous latent sites only. Build the guide on the model with it "
+                f"hidden, {type(self).__name__}(pt.handlers.block(model, "
+                f"hide=[{site.name!r}])), and fit with TraceEnum_ELBO, which sums it out of "
+                f"the model (as in Pyro); or marginalize it out, observe it, or write a "
+                f"guide for it"
             )
         try:
             transform = unconstraining_transform(site.fn)
