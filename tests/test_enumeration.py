@@ -333,6 +333,24 @@ def test_svi_fits_a_mixture_with_its_assignments_summed_out():
     assert abs(float(point["p"]) - p_map) < 0.01 and abs(float(point["mu"]) - mu_map) < 0.01
 
 
+def test_trace_enum_elbo_scales_a_subsampled_plate_after_the_sum():
+    """A discrete site local to a subsampled plate: its sum is taken per element and the
+    plate's scale applied to the product, so the loss averaged over every subsample is the
+    full data's loss (scaling inside the sum would not be)."""
+    y = torch.tensor([-1.3, 0.2, 2.1, 0.9], dtype=torch.float64)
+
+    def model(y, subsample=None):
+        with pt.plate("n", 4, subsample=subsample) as idx:
+            z = pt.sample("z", dist.Bernoulli(0.3))
+            pt.sample("y", dist.Normal(torch.where(z > 0, 2.0, -1.0), 1.0), obs=y[idx])
+
+    elbo, guide = TraceEnum_ELBO(), lambda y, subsample=None: None
+    full = elbo.loss(model, guide, y)
+    pairs = [torch.tensor(pair) for pair in itertools.combinations(range(4), 2)]
+    average = sum(elbo.loss(model, guide, y, subsample=pair) for pair in pairs) / len(pairs)
+    assert abs(average - full) < 1e-10
+
+
 # -- what cannot be summed out -----------------------------------------------------------
 def _with_scale(body):
     def model():
@@ -342,11 +360,24 @@ def _with_scale(body):
     return model
 
 
-def test_a_discrete_site_without_finite_support_is_refused_by_name():
+def test_a_discrete_site_whose_values_cannot_be_listed_is_refused_by_name():
     model = _with_scale(lambda: pt.sample("k", dist.Poisson(3.0)))
     with pytest.raises(ValueError, match=r"latent site 'k' has the discrete distribution Poisson.*"
-                       r"support is not finite"):  # fmt: skip
+                       r"cannot list its values.*infinite support"):  # fmt: skip
         Potential(model, compile=False)
+    # finite, but one joint value: the advice is a plate
+    model = _with_scale(lambda: pt.sample("k", dist.Bernoulli(0.5).expand([3]).to_event(1)))
+    with pytest.raises(ValueError, match=r"'k'.*\.to_event\(\) makes.*pt.plate"):
+        Potential(model, compile=False)
+
+    # a Binomial whose total_count varies along its plate cannot list one set of values
+    def body():
+        with pt.plate("n", 3):
+            pt.sample("k", dist.Binomial(torch.tensor([1.0, 2.0, 3.0]), 0.5))
+
+    with pytest.raises(ValueError, match=r"latent site 'k' \(Binomial\).*cannot be listed.*"
+                       r"Inhomogeneous"):  # fmt: skip
+        Potential(_with_scale(body), compile=False)
 
 
 def test_sequential_enumeration_is_refused_by_name():
@@ -385,7 +416,64 @@ def test_a_model_whose_only_latent_sites_are_summed_out_has_nothing_to_sample():
     def model():
         pt.sample("k", dist.Bernoulli(0.5))
 
+    mcmc = MCMC(NUTS(model, compile=False), num_warmup=2, num_samples=2, progress_bar=False)
     with pytest.raises(ValueError, match=r"no continuous latent.*\['k'\].*summed out"):
+        mcmc.run()
+
+
+def test_discrete_draws_of_a_model_without_continuous_latent_sites():
+    """Predictive(infer_discrete=True) with the continuous part given as params: each
+    assignment against its exact conditional probability."""
+
+    def model(y):
+        loc = pt.param("loc", torch.tensor(0.0))
+        with pt.plate("n", y.shape[0]):
+            z = pt.sample("z", dist.Bernoulli(0.5))
+            pt.sample("y", dist.Normal(torch.where(z > 0, loc, -loc), 1.0), obs=y)
+
+    y, S = torch.tensor([-1.0, 0.2, 1.5]), 4000
+    params = {"loc": torch.tensor(1.0)}
+    out = Predictive(model, params=params, num_samples=S, infer_discrete=True)(y, seed=0)
+    up, down = dist.Normal(1.0, 1.0).log_prob(y).exp(), dist.Normal(-1.0, 1.0).log_prob(y).exp()
+    exact = up / (up + down)
+    freq = out["z"].mean(0)
+    assert out["z"].shape == (S, 3)
+    assert ((freq - exact).abs() <= 5 * (exact * (1 - exact) / S).sqrt()).all()
+
+
+def test_deterministic_sites_of_summed_out_values_are_left_out_with_a_warning():
+    """They have no value per draw (they took the whole support's shape, and
+    to_inference_data named that dim after a plate); Predictive(infer_discrete=True)
+    computes them."""
+
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        pt.deterministic("twice", 2 * mu)
+        with pt.plate("n", y.shape[0]):
+            z = pt.sample("z", dist.Bernoulli(0.5))
+            shift = pt.deterministic("shift", mu + z)
+            pt.sample("y", dist.Normal(shift, 1.0), obs=y)
+
+    y = torch.tensor([0.1, 1.2, 0.7])
+    mcmc = MCMC(NUTS(model, compile=False), num_warmup=5, num_samples=5, progress_bar=False)
+    with pytest.warns(UserWarning, match=r"deterministic sites \['shift'\] depend on discrete"):
+        mcmc.run(y)
+    assert set(mcmc.get_samples()) == {"mu", "twice"}
+    mcmc.to_inference_data()
+    out = Predictive(model, mcmc.get_samples(), infer_discrete=True)(y, seed=0)
+    torch.testing.assert_close(out["shift"], mcmc.get_samples()["mu"][:, None] + out["z"])
+
+
+@pytest.mark.parametrize("read", ["if", "int"])
+def test_reading_a_summed_out_value_in_python_is_explained(read):
+    def model():
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        z = pt.sample("z", dist.Bernoulli(0.5))
+        loc = (mu if z else -mu) if read == "if" else [mu, -mu][int(z)]
+        pt.sample("y", dist.Normal(loc, 1.0), obs=torch.tensor(0.3))
+
+    with pytest.raises(ValueError, match=r"reads the value of a discrete site that is summed "
+                       r"out \(\['z'\]\) in Python.*torch.where"):  # fmt: skip
         Potential(model, compile=False)
 
 

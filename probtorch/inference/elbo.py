@@ -596,7 +596,7 @@ class TraceEnum_ELBO(ELBO):
         factors, names = [], {}
         for name in plan.model_sites:
             site = model_trace[name]
-            factors.append(Factor.of_site(site, site_log_prob(site)))
+            factors.append(Factor.of_site(site))
             if name in plan.enumerated:  # its values lie along dim -(value's batch dims)
                 names[len(site.fn.event_shape) - site.value.dim()] = name
         nesting = plan.max_plate_nesting + (pdim is not None)

@@ -74,17 +74,34 @@ def plate_nesting(sites: Iterable[Message]) -> int:
 
 @dataclass(frozen=True)
 class Factor:
-    """One site's log density, with the plates it lies in (name -> (dim, size))."""
+    """One site's log density, with the plates it lies in (name -> (dim, subsample size,
+    size)). A subsampled plate's scale (size / subsample size) is applied where the
+    product over the plate is taken, after the sum over the discrete sites local to it,
+    so that the estimate stays unbiased; only a scale of the user's (``pt.handlers.scale``)
+    is in ``log_prob``."""
 
     name: str
     log_prob: torch.Tensor
-    plates: dict[str, tuple[int, int]]
+    plates: dict[str, tuple[int, int, int]]
     observed: bool
 
     @classmethod
-    def of_site(cls, msg: Message, log_prob: torch.Tensor) -> Factor:
-        plates = {f.name: (f.dim, f.subsample_size) for f in msg.cond_indep_stack}
+    def of_site(cls, msg: Message, log_prob: torch.Tensor | None = None) -> Factor:
+        """The site's factor; its log density (masked, scaled by the user's scale) unless
+        ``log_prob`` (unscaled) is given."""
+        plates = {f.name: (f.dim, f.subsample_size, f.size) for f in msg.cond_indep_stack}
+        if log_prob is None:
+            log_prob = site_log_prob(msg, apply_scale=False)
+            if msg.scale is not None:
+                log_prob = (msg.scale / _plate_scale(plates.values())) * log_prob
         return cls(msg.name, log_prob, plates, msg.is_observed)
+
+
+def _plate_scale(plates: Iterable[tuple[int, int, int]]) -> float:
+    scale = 1.0
+    for _, subsample_size, size in plates:
+        scale *= size / subsample_size if subsample_size else 1.0
+    return scale
 
 
 class EnumerateSites(Messenger):
@@ -135,8 +152,8 @@ class CollectFactors(Messenger):
 
     def postprocess_message(self, msg: Message) -> None:
         if msg.type == "sample":
-            log_prob = site_log_prob(msg, apply_scale=self.apply_scale)
-            self.factors.append(Factor.of_site(msg, log_prob))
+            unscaled = None if self.apply_scale else site_log_prob(msg, apply_scale=False)
+            self.factors.append(Factor.of_site(msg, unscaled))
 
 
 def _checked(factor: Factor, ndim: int, nesting: int, sizes: dict[int, int]) -> torch.Tensor:
@@ -146,7 +163,7 @@ def _checked(factor: Factor, ndim: int, nesting: int, sizes: dict[int, int]) -> 
     if log_prob.dim() > ndim:
         raise ValueError(_shape_error(factor, nesting, sizes, -log_prob.dim()))
     log_prob = log_prob.reshape((1,) * (ndim - log_prob.dim()) + tuple(log_prob.shape))
-    plate_sizes = {dim: size for dim, size in factor.plates.values()}
+    plate_sizes = {dim: size for dim, size, _ in factor.plates.values()}
     for dim in range(-ndim, 0):
         size = log_prob.shape[dim]
         allowed = sizes.get(dim) if dim < -nesting else plate_sizes.get(dim)
@@ -156,7 +173,7 @@ def _checked(factor: Factor, ndim: int, nesting: int, sizes: dict[int, int]) -> 
 
 
 def _shape_error(factor: Factor, nesting: int, sizes: dict[int, int], dim: int) -> str:
-    plates = ", ".join(f"{name!r} at dim {d}" for name, (d, _) in factor.plates.items())
+    plates = ", ".join(f"{name!r} at dim {d}" for name, (d, _, _) in factor.plates.items())
     return (
         f"site {factor.name!r} has log density shape {tuple(factor.log_prob.shape)}, whose "
         f"dim {dim} is neither one of its plates' ({plates or 'none'}) nor a dimension of "
@@ -171,12 +188,18 @@ def _enum_dims(term: torch.Tensor, sizes: dict[int, int]) -> frozenset[int]:
     return frozenset(d for d in sizes if term.shape[d] > 1)
 
 
-def _product(term: torch.Tensor, plates: Iterable[tuple[int, int]]) -> torch.Tensor:
+def _product(term: torch.Tensor, plates: Iterable[tuple[int, int, int]]) -> torch.Tensor:
     """The log of the product over plates: a sum along each plate dimension (a term
-    constant along it counts ``size`` times)."""
-    for dim, size in sorted(plates):
-        term = term * size if term.shape[dim] == 1 else term.sum(dim, keepdim=True)
-    return term
+    constant along it counts ``subsample size`` times), scaled by a subsampled plate's
+    ``size / subsample size``."""
+    plates = sorted(plates)
+    for dim, subsample_size, _ in plates:
+        if term.shape[dim] == 1:
+            term = term * subsample_size
+        else:
+            term = term.sum(dim, keepdim=True)
+    scale = _plate_scale(plates)
+    return term if scale == 1.0 else term * scale
 
 
 def _add(terms: list[torch.Tensor]) -> torch.Tensor:
@@ -295,7 +318,7 @@ def sum_out(
                     sizes[dim] = shape[dim]
     names = names or {}
     checked_sizes, sizes = sizes, {d: n for d, n in sizes.items() if d not in target}
-    frames: dict[str, tuple[int, int]] = {}
+    frames: dict[str, tuple[int, int, int]] = {}
     tree: dict[frozenset, list] = {}
     for factor in factors:
         frames.update(factor.plates)
@@ -307,8 +330,10 @@ def sum_out(
     pairs = [(ordinal, term) for ordinal, terms in tree.items() for term in terms]
     for group, dims in _components(pairs, set(sizes), sizes, key=lambda pair: pair[1]):
         if not dims and not keep and not target:  # as the log joint sums it
-            for _, term in group:
-                total = term.sum() if total is None else total + term.sum()
+            for ordinal, term in group:
+                scale = _plate_scale(frames[p] for p in ordinal)
+                term = term.sum() if scale == 1.0 else term.sum() * scale
+                total = term if total is None else total + term
             continue
         subtree: dict[frozenset, list] = {}
         for ordinal, term in group:
@@ -357,7 +382,7 @@ def pointwise_log_likelihood(
         joint = sum_out(latent + [factor], plate_nesting, sizes, names, keep=keep)
         if latent:
             joint = joint - sum_out(latent, plate_nesting, sizes, names, keep=keep)
-        plate_dims = {dim for dim, _ in factor.plates.values()}
+        plate_dims = {dim for dim, _, _ in factor.plates.values()}
         while joint.dim() and joint.shape[0] == 1 and -joint.dim() not in plate_dims:
             joint = joint.squeeze(0)
         result[name] = joint

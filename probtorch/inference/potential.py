@@ -159,15 +159,18 @@ class _LogJoint(Messenger):
 
 
 class _Record(Messenger):
-    """Keep the values of latent and deterministic sites (not of enumerated ones)."""
+    """Keep the values of latent and deterministic sites, but those in ``skip`` (summed-out
+    sites and the deterministic ones that depend on them)."""
 
-    def __init__(self, enumerated: frozenset[str] = frozenset()):
+    def __init__(self, skip: frozenset[str] = frozenset()):
         super().__init__()
-        self.enumerated = enumerated
+        self.skip = skip
         self.values: dict[str, torch.Tensor] = {}
 
     def postprocess_message(self, msg: Message) -> None:
-        if (_is_latent(msg) and msg.name not in self.enumerated) or msg.type == "deterministic":
+        if msg.name in self.skip:
+            return
+        if _is_latent(msg) or msg.type == "deterministic":
             self.values[msg.name] = msg.value
 
 
@@ -378,10 +381,12 @@ class Potential:
         self.site_names = [s.name for s in self.sites]
         self.dim = sum(s.size for s in self.sites)
         values = [self.prototype_trace[s.name].value for s in self.sites]
-        self.dtype = values[0].dtype
+        # (a model whose latent sites are all summed out has no values: its discrete
+        # sites can still be drawn, sample_discrete)
+        self.dtype = values[0].dtype if values else torch.get_default_dtype()
         for v in values[1:]:
             self.dtype = torch.promote_types(self.dtype, v.dtype)
-        self.device = values[0].device
+        self.device = values[0].device if values else _device_of(self.prototype_trace)
         self._sites_by_name = {s.name: s for s in self.sites}
 
         self.chains_looped = False  # set where the model cannot be vectorized over chains
@@ -390,8 +395,45 @@ class Potential:
         # What the model is called with: the arguments, with data matrices that it only
         # multiplies by narrow factors laid out for those products (the user's own stay in
         # model_args, which a continued run compares by identity).
-        self._args, self._kwargs = self._laid_out_arguments()
+        self._args, self._kwargs = (
+            self._laid_out_arguments() if self.sites else (self.model_args, self.model_kwargs)
+        )
         self._versions = _versions(self.model_args, self.model_kwargs)
+        # deterministic sites that depend on a summed-out site: no value per draw
+        self.enumerated_deterministic = (
+            self._enumerated_deterministic() if self.enumerated else frozenset()
+        )
+
+    def _enumerated_deterministic(self) -> frozenset[str]:
+        """Names of the deterministic sites whose values take the enumerated sites' dims
+        (left out of the draws; the samplers warn), found from one eager run at the
+        prototype; a model that reads an enumerated value in Python fails here, explained."""
+        record = _Record(self.enumerated)
+        z = _pack_trace(self, self.prototype_trace)
+        try:
+            with torch_validation(False), nan_on_failure(), record, self._unconstrain(z):
+                with self._enumerate():
+                    self.model(*self._args, **self._kwargs)
+        except (RuntimeError, ValueError, TypeError) as error:
+            if _reads_value(str(error)):
+                raise self._enumerated_read_error(error) from error
+            return frozenset()  # the potential's own evaluation reports it
+        return frozenset(
+            name
+            for name, value in record.values.items()
+            if self.prototype_trace[name].type == "deterministic"
+            and value.shape != self.prototype_trace[name].value.shape
+        )
+
+    def _enumerated_read_error(self, error: Exception) -> ValueError:
+        first = str(error).splitlines()[0]
+        return ValueError(
+            f"the model reads the value of a discrete site that is summed out "
+            f"({sorted(self.enumerated)}) in Python ({type(error).__name__}: {first}). Such a "
+            f"site takes all its values at once, along a dim of its own left of the plates, "
+            f"so the model must use it as a tensor that broadcasts (locs[z], "
+            f"torch.where(z > 0, a, b), z * x), not read it (if z:, int(z), z.item())"
+        )
 
     def _batch_over_chains(self, batch: Callable) -> None:
         """The batched functions, from the single-chain ones by ``batch`` (``vmap``, or
@@ -503,6 +545,7 @@ class Potential:
             support = site.fn.support
             if support.is_discrete:
                 if enumerable(site):
+                    _check_enumerable(site)
                     continue  # summed out of the potential (self.enumerated)
                 enumerate_ = site.infer.get("enumerate", "parallel")
                 why = (
@@ -510,9 +553,7 @@ class Potential:
                     f"HMC/NUTS do not do (they sum discrete sites out in parallel: remove "
                     f"the annotation or make it 'parallel')"
                     if enumerate_ != "parallel"
-                    else "its support is not finite, so it cannot be summed out "
-                    "(HMC/NUTS sum out discrete sites with a finite support, such as "
-                    "Bernoulli, Categorical or Binomial)"
+                    else _not_enumerable(site)
                 )
                 raise ValueError(
                     f"latent site {name!r} has the discrete distribution "
@@ -533,14 +574,8 @@ class Potential:
             unconstrained_shape = torch.Size(transform.inverse_shape(shape))
             sites.append(LatentSite(name, shape, unconstrained_shape, offset))
             offset += math.prod(unconstrained_shape)
-        if not sites:
-            discrete = [n for n, site in tr.items() if _is_latent(site) and enumerable(site)]
-            raise ValueError(
-                f"the model has no continuous latent sample sites (its discrete ones, "
-                f"{discrete}, are summed out): there is nothing for HMC/NUTS to sample"
-                if discrete
-                else "the model has no latent sample sites: there is nothing to infer"
-            )
+        if not sites and not any(_is_latent(site) and enumerable(site) for site in tr.values()):
+            raise ValueError("the model has no latent sample sites: there is nothing to infer")
         return sites
 
     # -- packing ----------------------------------------------------------------------
@@ -598,7 +633,7 @@ class Potential:
         return (-total).to(z.dtype)
 
     def _single_constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
-        record = _Record(self.enumerated)
+        record = _Record(self.enumerated | self.enumerated_deterministic)
         with nan_on_failure(), record, self._unconstrain(z):
             if self.enumerated:
                 with self._enumerate():
@@ -645,7 +680,13 @@ class Potential:
                 if not self.reads_latents_in_python:  # which its own warning explains
                     warn_at_caller(eager_fallback_note("evaluating the potential eagerly", error))
                 return result
+            except ValueError as error:
+                if self.enumerated and _reads_value(str(error)):
+                    raise self._enumerated_read_error(error) from error
+                raise
             except RuntimeError as error:
+                if self.enumerated and _reads_value(str(error)):
+                    raise self._enumerated_read_error(error) from error
                 why = None if self.chains_looped else _unbatchable(str(error))
                 if why is not None:
                     self._loop_chains(error, why, z)
@@ -780,14 +821,15 @@ class Potential:
         )
 
     def sample_discrete(
-        self, values: dict[str, torch.Tensor], seed: int | None = None
+        self, values: dict[str, torch.Tensor], seed: int | None = None, num_draws: int = 1
     ) -> dict[str, torch.Tensor]:
         """Draws of the summed-out discrete sites from their distribution given each draw of
         the continuous ones and the data (NumPyro's ``infer_discrete``, Pyro's
         ``infer_discrete``): a mixture model's component assignments, say.
 
         ``values`` are constrained draws per continuous latent site with one leading batch
-        dimension (``MCMC.get_samples()``); returns ``{site: (N, *site shape)}``. The sites
+        dimension (``MCMC.get_samples()``); returns ``{site: (N, *site shape)}``
+        (``N = num_draws`` for a model without continuous latent sites). The sites
         are drawn one after another, those in fewer plates first, each from its
         distribution given the draws so far with the others summed out, so that together
         they are a draw from their joint conditional distribution.
@@ -818,7 +860,12 @@ class Potential:
         ):
             single = functools.partial(self._conditional_logits, name, self.enumerated - set(fixed))
             with torch_validation(False):
-                logits, support = self._batch(single)(latent, fixed)
+                if latent or fixed:
+                    logits, support = self._batch(single)(latent, fixed)
+                else:  # nothing varies from draw to draw yet
+                    logits, support = single(latent, fixed)
+                    logits = logits.expand((num_draws,) + logits.shape)
+                    support = support.expand((num_draws,) + support.shape)
             probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), -1)
             index = torch.multinomial(probs, 1, generator=generator).reshape(logits.shape[0], -1)
             event = support.shape[2:]
@@ -917,6 +964,20 @@ def initialize_model(
         torch.Size([3, 1])
     """
     potential = Potential(model, model_args, model_kwargs, compile=compile, rng_seed=rng_seed)
+    if not potential.sites:
+        raise ValueError(
+            f"the model has no continuous latent sample sites (its discrete ones, "
+            f"{sorted(potential.enumerated)}, are summed out): there is nothing for "
+            f"HMC/NUTS to sample"
+        )
+    if potential.enumerated_deterministic:
+        warn_at_caller(
+            f"the deterministic sites {sorted(potential.enumerated_deterministic)} depend on "
+            f"discrete sites that are summed out ({sorted(potential.enumerated)}), which take "
+            f"all their values at once, so they have no value per draw and are left out of "
+            f"the samples. Predictive(model, samples, infer_discrete=True) draws the discrete "
+            f"sites given each draw and computes them from those"
+        )
     check_value_names(init_strategy, potential.prototype_trace)
     if init_params is not None:
         z0 = pack_init_params(potential, init_params, num_chains)
@@ -1049,6 +1110,36 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
     return torch.stack(rows).detach()
 
 
+def _not_enumerable(site: Message) -> str:
+    """Why a discrete site cannot be summed out: its distribution cannot list its values."""
+    if isinstance(site.fn, torch.distributions.Independent):
+        return (
+            "its values cannot be listed one site element at a time (.to_event() makes "
+            "its elements one joint value): put the site in a pt.plate over those dims "
+            "instead, and each element is summed out on its own"
+        )
+    return (
+        f"{type(site.fn).__name__} cannot list its values (has_enumerate_support is False: "
+        f"an infinite support, as Poisson's, or a joint one, as Multinomial's), so it "
+        f"cannot be summed out (HMC/NUTS sum out discrete sites such as Bernoulli, "
+        f"Categorical or Binomial)"
+    )
+
+
+def _check_enumerable(site: Message) -> None:
+    """Refuse, naming the site, a distribution whose values cannot be listed for its
+    parameters (a Binomial whose total_count varies across its batch)."""
+    try:
+        site.fn.enumerate_support(expand=False)
+    except (NotImplementedError, ValueError, RuntimeError) as error:
+        raise ValueError(
+            f"latent site {site.name!r} ({type(site.fn).__name__}) is discrete and would "
+            f"be summed out, but its values cannot be listed for these parameters "
+            f"({type(error).__name__}: {error}). Split it into sites whose values can be "
+            f"(e.g. one per total_count), or marginalize it out in the model"
+        ) from error
+
+
 def _check_plated(tr: Trace, nesting: int, enumerated: frozenset[str]) -> None:
     """With discrete sites summed out along dimensions left of the plates, every batch
     dimension of every site must be one of its plates' (as Pyro checks site shapes)."""
@@ -1068,6 +1159,26 @@ def _check_plated(tr: Trace, nesting: int, enumerated: frozenset[str]) -> None:
                 )
 
 
+def _reads_value(text: str) -> bool:
+    """Whether an error says that a tensor of several values was read as one (``if z:``,
+    ``int(z)``): what a model does when it reads an enumerated site's value in Python."""
+    return any(
+        part in text
+        for part in (
+            "Boolean value of Tensor with more than one value",
+            "only one element tensors can be converted",
+            "cannot be converted to Scalar",
+        )
+    )
+
+
+def _device_of(tr: Trace) -> torch.device:
+    for site in tr.values():
+        if isinstance(site.value, torch.Tensor):
+            return site.value.device
+    return torch.device("cpu")
+
+
 def _versions(args: tuple, kwargs: dict) -> list:
     """The version counters of the tensors among ``args`` and ``kwargs`` (None for a tensor
     made in inference mode, which has none)."""
@@ -1079,7 +1190,7 @@ def _versions(args: tuple, kwargs: dict) -> list:
 
 
 def _pack_trace(potential: Potential, tr: Trace) -> torch.Tensor:
-    parts = []
+    parts = [torch.zeros(0, dtype=potential.dtype, device=potential.device)]
     for s in potential.sites:
         if s.name not in tr:
             raise ValueError(

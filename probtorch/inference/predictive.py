@@ -304,7 +304,7 @@ class Predictive:
                 f"Predictive(infer_discrete=True) draws the discrete sites given the "
                 f"continuous ones, but the posterior draws lack {missing}"
             )
-        return potential.sample_discrete(samples, seed=rng_seed)
+        return potential.sample_discrete(samples, seed=rng_seed, num_draws=self.num_samples)
 
     # -- the model ---------------------------------------------------------------------
     def _predict(self, samples, args, kwargs) -> dict[str, torch.Tensor]:
