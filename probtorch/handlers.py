@@ -29,9 +29,10 @@ __all__ = [
 ]
 
 
-def site_log_prob(site: Message, apply_scale: bool = True) -> torch.Tensor:
-    """Log density of one sample site, broadcast over its plates, masked and scaled."""
-    log_prob = site.fn.log_prob(site.value)
+def site_log_prob(site: Message, apply_scale: bool = True, fn=None) -> torch.Tensor:
+    """Log density of one sample site, broadcast over its plates, masked and scaled
+    (``fn``: another distribution to evaluate it with, one that broadcasts to the site's)."""
+    log_prob = (site.fn if fn is None else fn).log_prob(site.value)
     if site.mask is not None and site.mask is not True:
         mask = site.mask
         if mask is False:

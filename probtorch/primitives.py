@@ -396,7 +396,11 @@ class plate(Messenger):
                 + ". Sizes must match (or be 1 to broadcast)."
             )
         if current != n or len(padded) != len(batch_shape):
-            # (a plate of one element still adds its dim, as in Pyro and NumPyro)
+            # (a plate of one element still adds its dim, as in Pyro and NumPyro); the
+            # distribution before any plate broadcast it is kept: the log density of a
+            # value that does not vary along the plates (a summed-out site's) is cheaper
+            # to compute from it
+            msg.extra.setdefault("unexpanded_fn", msg.fn)
             target = list(padded)
             target[self.dim] = n
             expanded = msg.fn.expand(torch.Size(target))

@@ -5,6 +5,7 @@ compiled sampler against the eager one, and the errors for what cannot be summed
 
 import itertools
 import math
+import warnings
 
 import arviz as az
 import numpy as np
@@ -217,6 +218,29 @@ def test_compiled_sampler_of_an_enumerated_model_draws_what_the_eager_one_draws(
     with count_compiles() as later, torch.compiler.set_stance("fail_on_recompile"):
         compiled.run(y)
     assert later.graph_breaks == 0 and later.graphs == 0
+
+
+@pytest.mark.parametrize("which", ["nested", "mixture", "chain"])
+def test_the_compiled_potential_sums_out_without_graph_breaks(which):
+    """torch.compile captures the elimination whole (it fell back to eager, 25x slower:
+    Dynamo cannot trace max(..., key=))."""
+    from probtorch.inference.compile import count_compiles
+
+    model, args = {
+        "nested": (nested, _nested_data()),
+        "mixture": (mixture, (_mixture_data(),)),
+        "chain": (chain, (torch.randn(6, generator=torch.Generator().manual_seed(0)),)),
+    }[which]
+    potential = Potential(model, args, compile=True)
+    z = 0.1 * torch.randn(3, potential.dim, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with count_compiles() as compiles:
+            value, grad = potential.value_and_grad(z)
+    assert compiles.graph_breaks == 0 and potential.compiled
+    eager_value, eager_grad = Potential(model, args, compile=False).value_and_grad(z)
+    torch.testing.assert_close(value, eager_value, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, eager_grad, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.slow

@@ -91,7 +91,13 @@ class Factor:
         ``log_prob`` (unscaled) is given."""
         plates = {f.name: (f.dim, f.subsample_size, f.size) for f in msg.cond_indep_stack}
         if log_prob is None:
-            log_prob = site_log_prob(msg, apply_scale=False)
+            # a summed-out site's values do not vary along its plates: its density from the
+            # distribution before the plates broadcast it (size 1 along them, which the
+            # product over a plate counts ``size`` times) is the same, for less work (the
+            # gradient of a Categorical's normalized probabilities per element of the plate
+            # took 70 % of a compiled mixture's)
+            fn = msg.extra.get("unexpanded_fn") if msg.extra.get("enumerated") else None
+            log_prob = site_log_prob(msg, apply_scale=False, fn=fn)
             if msg.scale is not None:
                 log_prob = (msg.scale / _plate_scale(plates.values())) * log_prob
         return cls(msg.name, log_prob, plates, msg.is_observed)
@@ -136,6 +142,7 @@ class EnumerateSites(Messenger):
         size = support.shape[0]
         event_shape = tuple(msg.fn.event_shape)
         msg.value = support.reshape((size,) + (1,) * (-dim - 1) + event_shape)
+        msg.extra["enumerated"] = True
         self.sizes[dim] = size
         self.site_dims[msg.name] = dim
         self.supports[msg.name] = support
@@ -152,8 +159,10 @@ class CollectFactors(Messenger):
 
     def postprocess_message(self, msg: Message) -> None:
         if msg.type == "sample":
-            unscaled = None if self.apply_scale else site_log_prob(msg, apply_scale=False)
-            self.factors.append(Factor.of_site(msg, unscaled))
+            factor = Factor.of_site(msg)
+            if not self.apply_scale and msg.scale is not None:
+                factor = Factor.of_site(msg, site_log_prob(msg, apply_scale=False))
+            self.factors.append(factor)
 
 
 def _checked(factor: Factor, ndim: int, nesting: int, sizes: dict[int, int]) -> torch.Tensor:
@@ -221,7 +230,11 @@ def _sumproduct(terms: list[torch.Tensor], dims: Iterable[int]) -> torch.Tensor:
     linearly in its length, not exponentially."""
     terms, dims = list(terms), set(dims)
     while dims:
-        dim = min(sorted(dims), key=lambda d, terms=terms: _intermediate_size(terms, d))
+        dim, best = None, None
+        for candidate in sorted(dims):  # (a loop, not min(key=): Dynamo traces it)
+            size = _intermediate_size(terms, candidate)
+            if best is None or size < best:
+                dim, best = candidate, size
         dims.remove(dim)
         involved = [t for t in terms if t.shape[dim] > 1]
         if not involved:
@@ -264,7 +277,10 @@ def _eliminate(tree: dict[frozenset, list], sizes, frames, names) -> list[tuple]
         pending.setdefault(ordinal, set()).add(dim)
     root = frozenset.intersection(*tree)
     while any(pending.values()):
-        leaf = max(tree, key=len)
+        leaf = None
+        for ordinal in tree:  # the first deepest ordinal (a loop: Dynamo traces it)
+            if leaf is None or len(ordinal) > len(leaf):
+                leaf = ordinal
         terms = tree.pop(leaf)
         local = pending.pop(leaf, set())
         for group, dims in _components(terms, local, sizes):
