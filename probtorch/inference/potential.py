@@ -412,8 +412,7 @@ class Potential:
         z = _pack_trace(self, self.prototype_trace)
         try:
             with torch_validation(False), nan_on_failure(), record, self._unconstrain(z):
-                with self._enumerate():
-                    self.model(*self._args, **self._kwargs)
+                self._run_model()
         except (RuntimeError, ValueError, TypeError) as error:
             if _reads_value(str(error)):
                 raise self._enumerated_read_error(error) from error
@@ -613,6 +612,15 @@ class Potential:
         """Sets the discrete sites to their supports; to be entered after the others."""
         return EnumerateSites(self.enumerated, -self.plate_nesting - 1)
 
+    def _run_model(self) -> None:
+        """Run the model on the potential's arguments, with its discrete sites set to all
+        their values (summed out by whoever collects the densities) where it has any."""
+        if self.enumerated:
+            with self._enumerate():
+                self.model(*self._args, **self._kwargs)
+        else:
+            self.model(*self._args, **self._kwargs)
+
     def _single_potential(self, z: torch.Tensor) -> torch.Tensor:
         unconstrain = self._unconstrain(z)
         if self.enumerated:
@@ -635,11 +643,7 @@ class Potential:
     def _single_constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         record = _Record(self.enumerated | self.enumerated_deterministic)
         with nan_on_failure(), record, self._unconstrain(z):
-            if self.enumerated:
-                with self._enumerate():
-                    self.model(*self._args, **self._kwargs)
-            else:
-                self.model(*self._args, **self._kwargs)
+            self._run_model()
         return record.values
 
     def raw_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -740,11 +744,7 @@ class Potential:
 
         def run(z_chain):
             with nan_on_failure(), collect, self._unconstrain(z_chain):
-                if self.enumerated:
-                    with self._enumerate():
-                        self.model(*self._args, **self._kwargs)
-                else:
-                    self.model(*self._args, **self._kwargs)
+                self._run_model()
             return z_chain.sum()
 
         try:
@@ -910,11 +910,7 @@ class Potential:
         collect = _Collect()
         with torch_validation(False):
             with nan_on_failure(), collect, unconstrain:
-                if self.enumerated:
-                    with self._enumerate():
-                        self.model(*self._args, **self._kwargs)
-                else:
-                    self.model(*self._args, **self._kwargs)
+                self._run_model()
             log_probs = {site.name: site_log_prob(site) for site in collect.sites}
             bad = [name for name, lp in log_probs.items() if not bool(torch.isfinite(lp).all())]
             if self.enumerated:
