@@ -15,7 +15,7 @@ import torch
 import probtorch as pt
 import probtorch.distributions as dist
 from probtorch.handlers import substitute, trace
-from probtorch.inference import HMC, MCMC, NUTS, SVI, Predictive, TraceEnum_ELBO
+from probtorch.inference import HMC, MCMC, NUTS, SVI, Predictive, Trace_ELBO, TraceEnum_ELBO
 from probtorch.inference.autoguide import AutoDelta
 from probtorch.inference.potential import Potential
 
@@ -115,6 +115,28 @@ def test_discrete_draws_follow_their_conditional_distribution():
     assert ((freq - exact).abs() <= 5 * se + 1e-12).all(), ((freq - exact).abs() / se).max()
     again = potential.sample_discrete({"scale": scale.expand(S)}, seed=0)
     assert all(torch.equal(again[k], draws[k]) for k in draws)
+
+
+def test_temperature_zero_gives_the_most_probable_assignment():
+    """Max-product in place of the sums: the joint argmax of the 48 assignments, for each
+    of several values of the scale, global site first then the local one given it."""
+    w, y = _nested_data()
+    potential = Potential(nested, (w, y), compile=False)
+    scales = torch.tensor([0.3, 0.9, 2.0, 4.0], dtype=torch.float64)
+    best = potential.sample_discrete({"scale": scales}, temperature=0)
+    for i, scale in enumerate(scales):
+        assignments = list(_assignments())
+        log_joint = torch.stack(
+            [
+                trace(substitute(nested, data={**v, "scale": scale})).get_trace(w, y).log_prob_sum()
+                for v in assignments
+            ]
+        )
+        expected = assignments[int(log_joint.argmax())]
+        assert int(best["z1"][i]) == int(expected["z1"])
+        assert torch.equal(best["z2"][i], expected["z2"].to(best["z2"].dtype))
+    with pytest.raises(ValueError, match="temperature must be 0 or 1"):
+        potential.sample_discrete({"scale": scales}, temperature=0.5)
 
 
 def continuous_given_discrete(y):
@@ -339,6 +361,15 @@ def test_trace_enum_elbo_refuses_a_discrete_guide_site_and_a_small_max_plate_nes
         TraceEnum_ELBO().loss(nested, guide, w, y)
     with pytest.raises(ValueError, match=r"max_plate_nesting=1.*2 batch dims"):
         TraceEnum_ELBO(max_plate_nesting=1).loss(nested, scale_guide, w, y)
+
+
+def test_trace_elbo_names_trace_enum_elbo_for_a_discrete_site_the_guide_leaves_out():
+    y = _mixture_data(10)
+    guide = AutoDelta(pt.handlers.block(mixture, hide=["z"]))
+    svi = SVI(mixture, guide, pt.optim.Adam(lr=0.05), Trace_ELBO())
+    with pytest.raises(ValueError, match=r"'z'.*not sampled by the guide.*summed out.*"
+                       r"TraceEnum_ELBO.*not by Trace_ELBO"):  # fmt: skip
+        svi.step(y)
 
 
 def test_svi_fits_a_mixture_with_its_assignments_summed_out():

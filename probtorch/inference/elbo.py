@@ -389,10 +389,18 @@ class ELBO:
             if name not in guide_trace or guide_trace[name].type != "sample":
                 if self._sums_out(model_trace[name]):
                     continue
+                site = model_trace[name]
+                summable = site.fn.support.is_discrete and enumerable(site)
                 raise ValueError(
-                    f"latent site {name!r} of the model ({type(model_trace[name].fn).__name__})"
+                    f"latent site {name!r} of the model ({type(site.fn).__name__})"
                     f" is not sampled by the guide; the guide must sample every latent site "
                     f"of the model (or observe the site in the model with obs=)"
+                    + (
+                        f". A discrete site the guide leaves out is summed out of the "
+                        f"model by TraceEnum_ELBO (as in Pyro), not by {type(self).__name__}"
+                        if summable
+                        else ""
+                    )
                 )
         for name in guide_latents:
             site = guide_trace[name]

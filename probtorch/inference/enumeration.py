@@ -223,7 +223,9 @@ def _intermediate_size(terms: list[torch.Tensor], dim: int) -> int:
     return math.prod(torch.broadcast_shapes(*shapes)) if shapes else 0
 
 
-def _sumproduct(terms: list[torch.Tensor], dims: Iterable[int]) -> torch.Tensor:
+def _sumproduct(
+    terms: list[torch.Tensor], dims: Iterable[int], maximize: bool = False
+) -> torch.Tensor:
     """The log of the product of ``terms`` with ``dims`` summed out, one dimension at a
     time (variable elimination): each time the dimension whose terms make the smallest
     intermediate, so that a chain of sites (``z[t]`` drawn given ``z[t - 1]``) costs
@@ -240,7 +242,11 @@ def _sumproduct(terms: list[torch.Tensor], dims: Iterable[int]) -> torch.Tensor:
         if not involved:
             continue
         terms = [t for t in terms if t.shape[dim] == 1]
-        terms.append(torch.logsumexp(_add(involved), dim=dim, keepdim=True))
+        total = _add(involved)
+        if maximize:  # max-product: the best assignment's log density (MAP decoding)
+            terms.append(torch.amax(total, dim=dim, keepdim=True))
+        else:
+            terms.append(torch.logsumexp(total, dim=dim, keepdim=True))
     return _add(terms)
 
 
@@ -264,7 +270,7 @@ def _components(terms: list, dims: set[int], sizes: dict[int, int], key=lambda t
     return groups
 
 
-def _eliminate(tree: dict[frozenset, list], sizes, frames, names) -> list[tuple]:
+def _eliminate(tree: dict[frozenset, list], sizes, frames, names, maximize=False) -> list:
     """Sum out every enumerated dimension of a connected group of terms, leaf plates first;
     returns ``(ordinal, term)`` pairs with no enumerated dimension left."""
     dim_ordinal: dict[int, frozenset] = {}
@@ -284,7 +290,7 @@ def _eliminate(tree: dict[frozenset, list], sizes, frames, names) -> list[tuple]
         terms = tree.pop(leaf)
         local = pending.pop(leaf, set())
         for group, dims in _components(terms, local, sizes):
-            term = _sumproduct(group, dims)
+            term = _sumproduct(group, dims, maximize)
             left = _enum_dims(term, sizes)
             parents = [o for o, ds in pending.items() if ds & left]
             parent = frozenset.union(*parents) if parents else root
@@ -313,6 +319,7 @@ def sum_out(
     names: dict[int, str] | None = None,
     keep: Collection[str] = (),
     target: Collection[int] = (),
+    maximize: bool = False,
 ) -> torch.Tensor:
     """The log of the product of ``factors`` with the enumerated dimensions summed out.
 
@@ -322,7 +329,8 @@ def sum_out(
     keeps their dimensions (a pointwise log likelihood), as its ``plate_nesting`` trailing
     dimensions; otherwise it is a scalar. Enumerated dimensions in ``target`` are not summed
     out either (a conditional distribution of their sites): the result then has all of the
-    factors' dimensions.
+    factors' dimensions. With ``maximize``, the enumerated dimensions are maxed out instead
+    of summed (max-product: the log density of the best assignment).
     """
     ndim = max([plate_nesting] + [f.log_prob.dim() for f in factors])
     if sizes is None:
@@ -354,7 +362,7 @@ def sum_out(
         subtree: dict[frozenset, list] = {}
         for ordinal, term in group:
             subtree.setdefault(ordinal, []).append(term)
-        for ordinal, term in _eliminate(subtree, sizes, frames, names):
+        for ordinal, term in _eliminate(subtree, sizes, frames, names, maximize):
             term = _product(term, (frames[p] for p in ordinal))
             total = term if total is None else total + term
     if total is None:

@@ -821,7 +821,11 @@ class Potential:
         )
 
     def sample_discrete(
-        self, values: dict[str, torch.Tensor], seed: int | None = None, num_draws: int = 1
+        self,
+        values: dict[str, torch.Tensor],
+        seed: int | None = None,
+        num_draws: int = 1,
+        temperature: float = 1,
     ) -> dict[str, torch.Tensor]:
         """Draws of the summed-out discrete sites from their distribution given each draw of
         the continuous ones and the data (NumPyro's ``infer_discrete``, Pyro's
@@ -832,7 +836,9 @@ class Potential:
         (``N = num_draws`` for a model without continuous latent sites). The sites
         are drawn one after another, those in fewer plates first, each from its
         distribution given the draws so far with the others summed out, so that together
-        they are a draw from their joint conditional distribution.
+        they are a draw from their joint conditional distribution. ``temperature=0`` (as
+        Pyro's ``infer_discrete``) gives instead their most probable joint value given each
+        draw (max-product in place of the sums).
 
         Example::
 
@@ -847,6 +853,8 @@ class Potential:
             tensor([[0., 1., 1.],
                     [0., 1., 1.]])
         """
+        if temperature not in (0, 1):
+            raise ValueError(f"temperature must be 0 or 1, got {temperature!r}")
         if not self.enumerated:
             return {}
         generator = torch.Generator(device=self.device)
@@ -858,7 +866,9 @@ class Potential:
             self.enumerated,
             key=lambda n: (len(self.prototype_trace[n].cond_indep_stack), order.index(n)),
         ):
-            single = functools.partial(self._conditional_logits, name, self.enumerated - set(fixed))
+            single = functools.partial(
+                self._conditional_logits, name, self.enumerated - set(fixed), temperature == 0
+            )
             with torch_validation(False):
                 if latent or fixed:
                     logits, support = self._batch(single)(latent, fixed)
@@ -866,8 +876,13 @@ class Potential:
                     logits, support = single(latent, fixed)
                     logits = logits.expand((num_draws,) + logits.shape)
                     support = support.expand((num_draws,) + support.shape)
-            probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), -1)
-            index = torch.multinomial(probs, 1, generator=generator).reshape(logits.shape[0], -1)
+            flat_logits = logits.reshape(-1, logits.shape[-1])
+            if temperature == 0:
+                index = flat_logits.argmax(-1).reshape(logits.shape[0], -1)
+            else:
+                probs = torch.softmax(flat_logits, -1)
+                index = torch.multinomial(probs, 1, generator=generator)
+                index = index.reshape(logits.shape[0], -1)
             event = support.shape[2:]
             flat = support.reshape(support.shape[:2] + (-1,))  # (draws, n, event size)
             chosen = index[..., None].expand(index.shape + flat.shape[-1:])
@@ -876,11 +891,12 @@ class Potential:
         return fixed
 
     def _conditional_logits(
-        self, name: str, remaining: frozenset[str], latent: dict, fixed: dict
+        self, name: str, remaining: frozenset[str], maximize: bool, latent: dict, fixed: dict
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """For one draw: the log probabilities (unnormalized) of site ``name``'s values,
         shaped ``(*site batch shape, n)``, given ``latent``, ``fixed`` and the data, with the
-        ``remaining`` discrete sites but ``name`` summed out; and its support ``(n, *event)``."""
+        ``remaining`` discrete sites but ``name`` summed out (maxed out with ``maximize``);
+        and its support ``(n, *event)``."""
         factors = CollectFactors()
         enumerate_ = EnumerateSites(remaining, -self.plate_nesting - 1)
         with nan_on_failure(), factors, enumerate_:
@@ -890,7 +906,13 @@ class Potential:
         site = self.prototype_trace[name]
         plates = [frame.name for frame in site.cond_indep_stack]
         logits = sum_out(
-            factors.factors, self.plate_nesting, enumerate_.sizes, names, keep=plates, target={dim}
+            factors.factors,
+            self.plate_nesting,
+            enumerate_.sizes,
+            names,
+            keep=plates,
+            target={dim},
+            maximize=maximize,
         ).movedim(dim, -1)
         size = logits.shape[-1]
         batch = tuple(site.fn.batch_shape)
