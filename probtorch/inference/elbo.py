@@ -390,7 +390,7 @@ class ELBO:
                 if self._sums_out(model_trace[name]):
                     continue
                 site = model_trace[name]
-                summable = site.fn.support.is_discrete and enumerable(site)
+                summable = enumerable(site)
                 raise ValueError(
                     f"latent site {name!r} of the model ({type(site.fn).__name__})"
                     f" is not sampled by the guide; the guide must sample every latent site "
@@ -570,7 +570,7 @@ class TraceEnum_ELBO(ELBO):
         self.max_plate_nesting = max_plate_nesting
 
     def _sums_out(self, site: Message) -> bool:
-        return site.fn.support.is_discrete and enumerable(site)
+        return enumerable(site)
 
     def _check_reparam(self, guide_trace: Trace, guide_latents: list) -> None:
         for name in guide_latents:

@@ -60,9 +60,11 @@ MAX_DIMS = 62  # of one chain's tensors: torch's 64, less the chains' and one to
 
 
 def enumerable(site: Message) -> bool:
-    """Whether a discrete latent site can be summed out by parallel enumeration."""
-    return bool(getattr(site.fn, "has_enumerate_support", False)) and (
-        site.infer.get("enumerate", "parallel") == "parallel"
+    """Whether a latent site is discrete and can be summed out by parallel enumeration."""
+    return (
+        site.fn.support.is_discrete
+        and bool(getattr(site.fn, "has_enumerate_support", False))
+        and site.infer.get("enumerate", "parallel") == "parallel"
     )
 
 
@@ -86,9 +88,11 @@ class Factor:
     observed: bool
 
     @classmethod
-    def of_site(cls, msg: Message, log_prob: torch.Tensor | None = None) -> Factor:
-        """The site's factor; its log density (masked, scaled by the user's scale) unless
-        ``log_prob`` (unscaled) is given."""
+    def of_site(
+        cls, msg: Message, log_prob: torch.Tensor | None = None, apply_scale: bool = True
+    ) -> Factor:
+        """The site's factor; its log density (masked, and scaled by the user's scale with
+        ``apply_scale``) unless ``log_prob`` is given."""
         plates = {f.name: (f.dim, f.subsample_size, f.size) for f in msg.cond_indep_stack}
         if log_prob is None:
             # a summed-out site's values do not vary along its plates: its density from the
@@ -98,7 +102,7 @@ class Factor:
             # took 70 % of a compiled mixture's)
             fn = msg.extra.get("unexpanded_fn") if msg.extra.get("enumerated") else None
             log_prob = site_log_prob(msg, apply_scale=False, fn=fn)
-            if msg.scale is not None:
+            if apply_scale and msg.scale is not None:
                 log_prob = (msg.scale / _plate_scale(plates.values())) * log_prob
         return cls(msg.name, log_prob, plates, msg.is_observed)
 
@@ -159,10 +163,7 @@ class CollectFactors(Messenger):
 
     def postprocess_message(self, msg: Message) -> None:
         if msg.type == "sample":
-            factor = Factor.of_site(msg)
-            if not self.apply_scale and msg.scale is not None:
-                factor = Factor.of_site(msg, site_log_prob(msg, apply_scale=False))
-            self.factors.append(factor)
+            self.factors.append(Factor.of_site(msg, apply_scale=self.apply_scale))
 
 
 def _checked(factor: Factor, ndim: int, nesting: int, sizes: dict[int, int]) -> torch.Tensor:

@@ -373,7 +373,7 @@ class Potential:
         self.enumerated = frozenset(
             name
             for name, site in self.prototype_trace.items()
-            if _is_latent(site) and site.fn.support.is_discrete and enumerable(site)
+            if _is_latent(site) and enumerable(site)
         )
         self.plate_nesting = plate_nesting(self.prototype_trace.sample_sites().values())
         if self.enumerated:
