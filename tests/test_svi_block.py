@@ -3,6 +3,7 @@
 import os
 import signal
 import threading
+import warnings
 
 import pytest
 import torch
@@ -109,16 +110,63 @@ def test_module_training_flags_and_optimizer_settings_recompile():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def test_a_data_dependent_branch_falls_back_to_torch_compile_and_its_error():
-    def branching_model(y):
-        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
-        scale = 1.0 if mu > 0 else 2.0  # decided by a value: cannot be one graph
+def branching_model(y):
+    mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+    scale = 1.0 if mu > 0 else 2.0  # decided by a value: cannot be one graph
+    pt.sample("y", dist.Normal(mu, scale).expand([len(y)]).to_event(1), obs=y)
+
+
+@pytest.mark.parametrize("how", ["run", "step"])
+def test_a_step_that_cannot_be_one_graph_runs_eagerly_with_one_warning(how):
+    # as the samplers do, and as Pyro's SVI runs every step: the results are compile=False's
+    y = torch.linspace(-1.0, 3.0, 4)
+    losses = {}
+    for compile in (True, False):
+        svi = SVI(branching_model, lambda y: guide(y, 1), pt.optim.Adam(lr=0.05), Trace_ELBO(),
+                  compile=compile, seed=7)  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if how == "run":
+                first = svi.run(3, y, progress_bar=False).losses
+                second = svi.run(2, y, progress_bar=False).losses
+            else:
+                first = torch.tensor([svi.step(y) for _ in range(3)])
+                second = torch.tensor([svi.step(y) for _ in range(2)])
+        notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        if compile:
+            assert len(notes) == 1, notes
+            assert "running the SVI step eagerly" in notes[0]
+            assert "Data-dependent branching" in notes[0] and "branching_model" in notes[0]
+            assert "torch.where" in notes[0] and "compile=False to SVI" in notes[0]
+        else:
+            assert notes == []
+        losses[compile] = torch.cat([first, second])
+    torch.testing.assert_close(losses[True], losses[False], rtol=0, atol=0)
+
+
+def test_a_step_that_branches_on_a_float_and_on_a_value_runs_eagerly():
+    # the float is first tried as a tensor, then as a number; neither compiles
+    def model(y, tau=1.0):
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0 if tau > 0.5 else 5.0))
+        scale = 1.0 if mu > 0 else 2.0
         pt.sample("y", dist.Normal(mu, scale).expand([len(y)]).to_event(1), obs=y)
 
-    svi = SVI(branching_model, lambda y: guide(y, 1), pt.optim.Adam(lr=0.05), Trace_ELBO())
-    with pytest.warns(UserWarning, match="could not be captured as an in-place graph"):
-        with pytest.raises(RuntimeError, match="cannot be compiled as one graph.*torch.where"):
-            svi.run(3, torch.ones(4), progress_bar=False)
+    y = torch.linspace(-1.0, 3.0, 4)
+    losses = {}
+    for compile in (True, False):
+        svi = SVI(model, lambda y, tau: guide(y, 1), pt.optim.Adam(lr=0.05), Trace_ELBO(),
+                  compile=compile, seed=2)  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            losses[compile] = torch.cat(
+                [svi.run(2, y, tau=tau, progress_bar=False).losses for tau in (0.3, 2.0)]
+            )
+        notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        if compile:
+            assert len(notes) == 1 and "running the SVI step eagerly" in notes[0], notes
+        else:
+            assert notes == []
+    torch.testing.assert_close(losses[True], losses[False], rtol=0, atol=0)
 
 
 def test_an_error_of_the_users_code_in_a_compiled_step_is_raised_as_it_is():

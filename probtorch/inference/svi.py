@@ -13,7 +13,9 @@ update. ``steps_per_call`` such steps, unrolled, form one function, called from 
 the learning rates are a tensor argument, so schedules do not recompile. :meth:`SVI.run`
 compiles it as a graph that updates the state in place, without Dynamo, checked once per run
 (:mod:`.svi_block`); :meth:`SVI.step` and any function that cannot be captured that way use
-``torch.compile(fullgraph=True)`` (no graph breaks). A data matrix used only in
+``torch.compile(fullgraph=True)`` (no graph breaks); a step that Dynamo cannot capture as
+one graph (Python that reads tensor values) runs eagerly from then on, with a warning that
+says why and where. A data matrix used only in
 matrix-vector products is passed with its long side contiguous (:mod:`.data_layout`).
 Random numbers come
 from torch's global generator (compiled with Inductor's ``fallback_random``), whose state
@@ -74,6 +76,7 @@ from .data_layout import DataLayout
 from .elbo import ELBO, _Record, _Seeded
 from .mcmc.executor import deferred_interrupts
 from .svi_block import InPlaceBlock
+from .uncompilable import eager_fallback_note
 
 __all__ = ["SVI", "SVIRunResult", "NonFiniteLossError"]
 
@@ -325,13 +328,23 @@ class _ShapeKeyedBlock:
     :data:`_MANY_SHAPES` shapes it warns once (each compile takes seconds).
     """
 
-    def __init__(self, block: Callable, options: dict, restore: Callable[[], None]):
+    def __init__(
+        self,
+        block: Callable,
+        options: dict,
+        restore: Callable[[], None],
+        may_run_eagerly: Callable[[], bool] = lambda: True,
+    ):
         self.block = block
         self.options = options
         self.restore = restore
+        self.may_run_eagerly = may_run_eagerly
         self.compiled: dict = {}
+        self.eager_because: Exception | None = None  # Dynamo's error, once it runs eagerly
 
     def __call__(self, *args):
+        if self.eager_because is not None:
+            return self.block(*args)
         leaves, spec = torch.utils._pytree.tree_flatten(args)
         key = (spec, tuple(_shape_key(x) for x in leaves))
         compiled = self.compiled.get(key)
@@ -359,7 +372,13 @@ class _ShapeKeyedBlock:
                 raise eager_error from error
             finally:
                 self.restore()
-            raise _uncompilable(error) from error
+            if not self.may_run_eagerly():
+                raise _uncompilable(error) from error
+            # the step runs eagerly: Python that reads values (`if z > 0:`) is what
+            # Dynamo cannot capture, and it is what Pyro's SVI runs (as the samplers do)
+            self.eager_because = error
+            warn_at_caller(_eager_note(error))
+            return self.block(*args)
 
 
 _MANY_SHAPES = 8
@@ -378,14 +397,20 @@ def _shape_key(x) -> tuple:
 
 
 def _uncompilable(error: Exception) -> RuntimeError:
-    """The error for a step that Dynamo cannot capture as one graph, with what to do."""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return RuntimeError(
-        f"SVI: the step cannot be compiled as one graph ({type(error).__name__}: "
-        f"{first[:300]}). Python code that reads the values of tensors computed in the "
-        f"model or guide (`if z > 0:`, `.item()`, `int(x)`) cannot be compiled: use torch "
-        f"operations such as torch.where, compute such numbers outside and pass them as "
-        f"arguments, or run SVI(..., compile=False). (Dynamo's report, above, is the cause.)"
+    """The error for a step that Dynamo cannot capture as one graph (where it may not
+    run eagerly)."""
+    return RuntimeError(f"SVI: the step cannot be compiled as one graph: {_eager_note(error)}")
+
+
+def _eager_note(error: Exception) -> str:
+    """The warning of a step that runs eagerly because Dynamo cannot capture it as one
+    graph, with why, where, and what keeps it compiled."""
+    return (
+        f"{eager_fallback_note('running the SVI step eagerly', error, ' to SVI')}. "
+        f"Python code that reads the values of tensors computed in the model or guide "
+        f"(`if z > 0:`, `.item()`, `int(x)`) cannot be compiled: torch operations such as "
+        f"torch.where, or such numbers computed outside and passed as arguments, keep the "
+        f"step compiled (several times faster)"
     )
 
 
@@ -587,6 +612,7 @@ class SVI:
         self._data_layout = None
         self._inputs_cache = (None, None)
         self._float_inputs: bool | None = None  # Python floats passed as tensors (None: untried)
+        self._trying_floats = False  # the first call with them as tensors is running
         self._lifted_cache: tuple | None = None
         self._num_steps = 0  # steps taken, for messages
         self._initialized = True
@@ -779,7 +805,14 @@ class SVI:
         options = _compile_options()
 
         def dynamo_block():
-            return _ShapeKeyedBlock(svi_block, options, lambda: self._swap_modules(None))
+            return _ShapeKeyedBlock(
+                svi_block,
+                options,
+                lambda: self._swap_modules(None),
+                # not while the floats are tried as tensors: that failure retries them as
+                # numbers, compiled (_first_call_with_float_inputs)
+                may_run_eagerly=lambda: not self._trying_floats,
+            )
 
         enabled = os.environ.get("PROBTORCH_SVI_IN_PLACE", "1").strip().lower() not in _FALSE
         if not (in_place and enabled) or "backend" not in options:
@@ -927,10 +960,13 @@ class SVI:
         rng = _generator_states()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            self._trying_floats = True
             try:
                 out = call(*lifted)
             except Exception:  # noqa: BLE001 - retried with the floats as numbers
                 out = None
+            finally:
+                self._trying_floats = False
         if out is not None:
             self._float_inputs = True
             for w in caught:

@@ -157,6 +157,7 @@ class InPlaceBlock:
         self._after_trace = after_trace
         self._compiled: dict = {}
         self._fallback: Callable | None = None
+        self._capture_note = ""  # why the step could not be captured in place
         # The last call's state and argument objects, its graph and tensor inputs: a call
         # with the same objects (the host loop feeding the block its own outputs) skips
         # flattening and keying them.
@@ -179,7 +180,12 @@ class InPlaceBlock:
         else:
             compiled, run = self._prepare(state, active, lrs, args, kwargs)
             if compiled is None:
-                return self._fallback(*state, active, lrs, args, kwargs)
+                result = self._fallback(*state, active, lrs, args, kwargs)
+                # where torch.compile cannot capture the step either, its own warning (the
+                # step runs eagerly) says why: one warning, not two
+                if getattr(self._fallback, "eager_because", None) is None:
+                    warn_at_caller(self._capture_note)
+                return result
         (report,) = run()
         return (*compiled.state, report)
 
@@ -224,10 +230,10 @@ class InPlaceBlock:
                     "int(labels.max()), to choose a shape or a branch; computing it once, "
                     "outside, and passing it as an argument keeps the in-place step)"
                 )
-            warn_at_caller(
+            self._capture_note = (
                 f"the SVI step could not be captured as an in-place graph "
                 f"({type(error).__name__}: {first[:300]}); running it through "
-                f"torch.compile instead{hint}",
+                f"torch.compile instead{hint}"
             )
             self._fallback = self._make_fallback()
             return None, None
