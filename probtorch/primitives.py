@@ -7,6 +7,7 @@ by the handlers in :mod:`probtorch.handlers`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pyro.distributions as pyro_dist
@@ -17,7 +18,7 @@ from .params import get_param_store
 from .runtime import CondIndepStackFrame, Message, Messenger, apply_stack, get_stack
 from .validation import num_event_dims, readable
 
-__all__ = ["sample", "param", "plate", "deterministic", "factor", "module", "subsample"]
+__all__ = ["sample", "param", "plate", "markov", "deterministic", "factor", "module", "subsample"]
 
 
 class RandomnessError(RuntimeError):
@@ -411,3 +412,83 @@ class plate(Messenger):
         if n != self.size:
             factor = self.size / n
             msg.scale = factor if msg.scale is None else msg.scale * factor
+
+
+class markov(Messenger):
+    """Pyro's ``markov``: a loop whose steps each depend only on the ``history`` steps
+    before them (a hidden Markov model's states), so that discrete sites summed out
+    (:mod:`probtorch.inference.enumeration`) reuse the batch dims of sites more than
+    ``history`` steps back instead of taking one each. Without it a model can sum out at
+    most 62 discrete sites (torch's 64 dims, less the chains'); with it, a chain of any
+    length, with each step's sites on the dims of the step ``history + 1`` before.
+
+    ``for t in pt.markov(range(T)):`` makes each iteration a step; ``with m:`` on one
+    ``m = pt.markov()`` makes each entry the next step (``pt.markov(fn)`` wraps a function,
+    each call one step). Sites outside the loop take dims of their own, and so do those of
+    other ``markov`` objects (a recursive model that enters a new ``pt.markov()`` per
+    step is correct but reuses no dims). Without summed-out sites it changes nothing.
+    ``keep=True`` reuses no dims (Pyro's flag for branching models), and vectorized
+    markov (``dim=``, ``name=``: NumPyro's ``scan`` or Pyro's ``vectorized_markov``)
+    is refused.
+
+    As in Pyro, the model must keep its promise: a site that reads a summed-out value
+    more than ``history`` steps back reads another site's values along that dim.
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> transition = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+        >>> def hmm(y):
+        ...     z = torch.tensor(0)
+        ...     for t in pt.markov(range(len(y))):
+        ...         z = pt.sample(f"z_{t}", dist.Categorical(transition[z]))
+        ...         pt.sample(f"y_{t}", dist.Normal(2.0 * z, 1.0), obs=y[t])
+        >>> trace = pt.handlers.trace(pt.handlers.seed(hmm, rng_seed=0)).get_trace(torch.zeros(3))
+        >>> [msg.extra["markov"][0][1] for msg in trace.values()]
+        [0, 0, 1, 1, 2, 2]
+    """
+
+    def __init__(
+        self,
+        fn=None,
+        history: int = 1,
+        keep: bool = False,
+        dim: int | None = None,
+        name: str | None = None,
+    ):
+        if dim is not None or name is not None:
+            raise NotImplementedError(
+                f"pt.markov(dim={dim!r}, name={name!r}): vectorized markov (Pyro's "
+                f"vectorized_markov, NumPyro's scan) is not supported; loop in Python "
+                f"(`for t in pt.markov(range(T)):`), or marginalize the chain in the model "
+                f"(Pyro's DiscreteHMM distribution)"
+            )
+        history = int(history)
+        if history < 0:
+            raise ValueError(f"pt.markov: history must be >= 0, got {history}")
+        self.history = history
+        self.keep = bool(keep)
+        self.step = -1
+        self._iterable = None
+        if fn is not None and not callable(fn):  # an iterable: each item one step
+            self._iterable, fn = fn, None
+        super().__init__(fn)
+
+    def __enter__(self):
+        self.step += 1
+        return super().__enter__()
+
+    def __iter__(self):
+        if self._iterable is None:
+            raise TypeError("pt.markov() was given no iterable to loop over")
+        for item in self._iterable:
+            with self:
+                yield item
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "sample":
+            return
+        # outermost markov first (the inner one's handler runs first, so prepends last)
+        # (keep: every step may depend on every other, so no dims are reused)
+        frame = (self, self.step, math.inf if self.keep else self.history)
+        msg.extra["markov"] = (frame,) + msg.extra.get("markov", ())

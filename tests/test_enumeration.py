@@ -186,7 +186,8 @@ def test_a_chain_of_discrete_sites_is_summed_out_as_the_forward_algorithm_does()
 
 def test_too_many_discrete_sites_for_torch_dims_are_refused_with_advice():
     potential = Potential(chain, (torch.zeros(70),), compile=False)
-    with pytest.raises(ValueError, match=r"'z62' is discrete site number 63.*64 dims.*DiscreteHMM"):
+    advice = r"'z62' is discrete site number 63.*64 dims.*pt.markov.*DiscreteHMM"
+    with pytest.raises(ValueError, match=advice):
         potential(torch.zeros(1, 1))
 
 
@@ -242,7 +243,166 @@ def test_compiled_sampler_of_an_enumerated_model_draws_what_the_eager_one_draws(
     assert later.graph_breaks == 0 and later.graphs == 0
 
 
-@pytest.mark.parametrize("which", ["nested", "mixture", "chain"])
+# -- pt.markov: a chain's sites reuse the dims of earlier steps ---------------------------
+def markov_chain(y, history=1, keep=False):
+    """``chain`` with its loop in ``pt.markov``: with ``history=2`` each state depends on
+    the two before it (a second-order chain), through a table indexed by both."""
+    scale = pt.sample("scale", dist.HalfNormal(1.0))
+    states = [0] * history
+    for t in pt.markov(range(y.shape[0]), history=history, keep=keep):
+        if history == 1:
+            probs = TRANSITIONS[states[-1]]
+        else:
+            probs = SECOND_ORDER[states[-2], states[-1]]
+        state = pt.sample(f"z{t}", dist.Categorical(probs))
+        pt.sample(f"y{t}", dist.Normal(LOCS[state], scale), obs=y[t])
+        states = states[1:] + [state]
+
+
+SECOND_ORDER = torch.softmax(
+    torch.randn(3, 3, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64), -1
+)
+
+
+def _forward(y, scale, history=1):
+    """log p(y | scale) by the forward recursion (over pairs of states for history 2)."""
+    emit = dist.Normal(LOCS, scale).log_prob(y[:, None])  # (T, 3)
+    if history == 1:
+        alpha = TRANSITIONS[0].log() + emit[0]
+        for t in range(1, len(y)):
+            alpha = torch.logsumexp(alpha[:, None] + TRANSITIONS.log(), 0) + emit[t]
+        return torch.logsumexp(alpha, 0)
+    # alpha[a, b]: states t-1 = a, t = b; the states before 0 are 0
+    alpha = torch.full((3, 3), -math.inf, dtype=torch.float64)
+    alpha[0] = SECOND_ORDER[0, 0].log() + emit[0]
+    for t in range(1, len(y)):
+        alpha = torch.logsumexp(alpha[:, :, None] + SECOND_ORDER.log(), 0) + emit[t]
+    return torch.logsumexp(alpha.reshape(-1), 0)
+
+
+def _enumerated_dims(model, args):
+    """The dim along which each summed-out site's values lie in one run of the potential."""
+    potential = Potential(model, args, compile=False)
+    tracer = trace()
+    was = pt.is_validation_enabled()
+    pt.enable_validation(False)  # (as the potential runs it: values broadcast over the data)
+    try:
+        with tracer:
+            with pt.handlers.substitute(data={"scale": torch.tensor(1.0, dtype=torch.float64)}):
+                potential._run_model()
+    finally:
+        pt.enable_validation(was)
+    return {
+        name: -site.value.dim()
+        for name, site in tracer.trace.items()
+        if site.extra.get("enumerated")
+    }
+
+
+@pytest.mark.parametrize("history", [1, 2])
+def test_a_markov_chain_longer_than_torch_dims_allow_is_the_forward_recursion(history):
+    """A 100-step chain (refused without pt.markov: 100 sites, 64 dims) reuses history + 1
+    dims, and its potential is the forward recursion's, to 1e-12."""
+    y = torch.randn(100, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    dims = _enumerated_dims(markov_chain, (y, history))
+    assert sorted(set(dims.values()), reverse=True) == [-1 - k for k in range(history + 1)]
+    assert [dims[f"z{t}"] for t in range(6)] == [-1 - t % (history + 1) for t in range(6)]
+    potential = Potential(markov_chain, (y, history), compile=False)
+    z = torch.tensor([[-0.3], [0.4]], dtype=torch.float64)
+    for c in range(2):
+        scale = z[c, 0].exp()
+        expected = -(_forward(y, scale, history) + dist.HalfNormal(1.0).log_prob(scale) + z[c, 0])
+        torch.testing.assert_close(potential(z)[c], expected, rtol=1e-12, atol=1e-12)
+
+
+def markov_sequences(y):
+    """Independent chains, one per column of ``y``, in a plate around the markov loop (as
+    Pyro's HMM examples write several sequences)."""
+    scale = pt.sample("scale", dist.HalfNormal(1.0))
+    with pt.plate("sequences", y.shape[1]):
+        state = 0
+        for t in pt.markov(range(y.shape[0])):
+            state = pt.sample(f"z{t}", dist.Categorical(TRANSITIONS[state]))
+            pt.sample(f"y{t}", dist.Normal(LOCS[state], scale), obs=y[t])
+
+
+def test_markov_chains_in_a_plate_are_each_the_forward_recursion():
+    y = torch.randn(70, 3, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    potential = Potential(markov_sequences, (y,), compile=False)
+    z = torch.tensor([[0.1]], dtype=torch.float64)
+    scale = z[0, 0].exp()
+    log_lik = sum(_forward(y[:, n], scale) for n in range(3))
+    expected = -(log_lik + dist.HalfNormal(1.0).log_prob(scale) + z[0, 0])
+    torch.testing.assert_close(potential(z)[0], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_markov_keep_reuses_no_dims_and_gives_the_same_potential():
+    y = torch.randn(8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    dims = _enumerated_dims(markov_chain, (y, 1, True))
+    assert sorted(dims.values(), reverse=True) == [-1 - t for t in range(8)]
+    z = torch.tensor([[0.2]], dtype=torch.float64)
+    kept = Potential(markov_chain, (y, 1, True), compile=False)(z)
+    reused = Potential(markov_chain, (y, 1), compile=False)(z)
+    plain = Potential(chain, (y,), compile=False)(z)
+    torch.testing.assert_close(kept, plain, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(reused, plain, rtol=1e-12, atol=1e-12)
+
+
+def _chain_assignments(T):
+    for values in itertools.product(range(3), repeat=T):
+        yield {f"z{t}": torch.tensor(v) for t, v in enumerate(values)}
+
+
+@pytest.mark.parametrize("history", [1, 2])
+def test_discrete_draws_and_the_best_path_of_a_markov_chain(history):
+    """20,000 draws of five states whose sites share dims, against the 243 paths by brute
+    force (each frequency within 5 standard errors); temperature 0 gives the most probable
+    path (Viterbi's)."""
+    y = torch.tensor([-1.2, 0.3, 0.6, 2.4, 1.9], dtype=torch.float64)
+    potential = Potential(markov_chain, (y, history), compile=False)
+    S, scale = 20000, torch.tensor(0.9, dtype=torch.float64)
+    draws = potential.sample_discrete({"scale": scale.expand(S)}, seed=0)
+    keys, log_joint = [], []
+    for values in _chain_assignments(len(y)):
+        data = {**values, "scale": scale}
+        tr = trace(substitute(markov_chain, data=data)).get_trace(y, history)
+        log_joint.append(tr.log_prob_sum())
+        keys.append(tuple(int(v) for v in values.values()))
+    exact = torch.softmax(torch.stack(log_joint), 0)
+    drawn = torch.stack([draws[f"z{t}"] for t in range(len(y))], -1).long()
+    index = torch.tensor([keys.index(tuple(row)) for row in drawn.tolist()])
+    freq = torch.bincount(index, minlength=len(keys)).double() / S
+    # each path expected 10 times or more on its own, the rarer ones pooled (a normal
+    # approximation of a count needs that many: one draw of a path of probability 5e-7
+    # is 10 "standard errors" out)
+    common = exact * S >= 10
+    freq = torch.cat([freq[common], freq[~common].sum(0, keepdim=True)])
+    exact = torch.cat([exact[common], exact[~common].sum(0, keepdim=True)])
+    se = (exact * (1 - exact) / S).sqrt()
+    assert ((freq - exact).abs() <= 5 * se + 1e-12).all(), ((freq - exact).abs() / se).max()
+    best = potential.sample_discrete({"scale": scale.expand(1)}, temperature=0)
+    path = tuple(int(best[f"z{t}"][0]) for t in range(len(y)))
+    assert path == keys[int(torch.stack(log_joint).argmax())]
+
+
+def test_trace_enum_elbo_sums_out_a_markov_chain():
+    """With the scale conditioned, the loss is minus the forward recursion's log density."""
+    y = torch.randn(80, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    scale = torch.tensor(0.7, dtype=torch.float64)
+    model = pt.handlers.condition(markov_chain, data={"scale": scale})
+    loss = TraceEnum_ELBO().loss(model, lambda y: None, y)
+    expected = -(_forward(y, scale) + dist.HalfNormal(1.0).log_prob(scale))
+    assert loss == pytest.approx(float(expected), rel=1e-12)
+
+
+def test_vectorized_markov_and_a_negative_history_are_refused():
+    with pytest.raises(NotImplementedError, match=r"dim=-2.*vectorized markov.*pt.markov\(range"):
+        pt.markov(dim=-2)
+    with pytest.raises(ValueError, match="history must be >= 0, got -1"):
+        pt.markov(range(3), history=-1)
+
+
+@pytest.mark.parametrize("which", ["nested", "mixture", "chain", "markov"])
 def test_the_compiled_potential_sums_out_without_graph_breaks(which):
     """torch.compile captures the elimination whole (it fell back to eager, 25x slower:
     Dynamo cannot trace max(..., key=))."""
@@ -252,6 +412,7 @@ def test_the_compiled_potential_sums_out_without_graph_breaks(which):
         "nested": (nested, _nested_data()),
         "mixture": (mixture, (_mixture_data(),)),
         "chain": (chain, (torch.randn(6, generator=torch.Generator().manual_seed(0)),)),
+        "markov": (markov_chain, (torch.randn(20, generator=torch.Generator().manual_seed(0)),)),
     }[which]
     potential = Potential(model, args, compile=True)
     z = 0.1 * torch.randn(3, potential.dim, generator=torch.Generator().manual_seed(1))

@@ -601,16 +601,11 @@ class TraceEnum_ELBO(ELBO):
         if not plan.enumerated:
             return super()._model_log_density(model_trace, plan, kl_sites)
         pdim, num = self._particle_dim(plan), self.num_particles
-        factors, names = [], {}
-        for name in plan.model_sites:
-            site = model_trace[name]
-            factors.append(Factor.of_site(site))
-            if name in plan.enumerated:  # its values lie along dim -(value's batch dims)
-                names[len(site.fn.event_shape) - site.value.dim()] = name
+        factors = [Factor.of_site(model_trace[name]) for name in plan.model_sites]
         nesting = plan.max_plate_nesting + (pdim is not None)
         if pdim is None:
-            return sum_out(factors, nesting, names=names)
-        per_particle = sum_out(factors, nesting, names=names, keep={_PARTICLES}).reshape(-1)
+            return sum_out(factors, nesting)
+        per_particle = sum_out(factors, nesting, keep={_PARTICLES}).reshape(-1)
         return per_particle.expand(num) if per_particle.numel() == 1 else per_particle
 
 

@@ -10,10 +10,14 @@ the product of all factors (log-sum-exp in log space) by variable elimination ov
 plates: a discrete site local to a plate is summed out before the product over that plate,
 a global one after it (tensor variable elimination, Obermeyer et al. 2019, the algorithm of
 ``pyro.ops.contract``). The result is the model's log density with the discrete sites
-marginalized: a smooth function of the continuous ones, which NUTS samples. Models whose
-discrete sites couple two plates that are not nested (a site in plate ``a`` and one in
-plate ``b`` read together in plates ``a`` and ``b``) have no such elimination order and
-are refused.
+marginalized: a smooth function of the continuous ones, which NUTS samples.
+
+In a ``pt.markov`` loop a site takes the dim of a site more than ``history`` steps back,
+so that a long chain fits torch's 64 dims: each factor records which site holds each of
+its dims (:class:`Variable`), and factors whose sites share a dim are moved apart where
+they are multiplied. Models whose discrete sites couple two plates that are not nested (a
+site in plate ``a`` and one in plate ``b`` read together in plates ``a`` and ``b``) have
+no such elimination order and are refused.
 
 Example::
 
@@ -36,9 +40,8 @@ Example::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +52,7 @@ __all__ = [
     "EnumerateSites",
     "CollectFactors",
     "Factor",
+    "Variable",
     "enumerable",
     "plate_nesting",
     "sum_out",
@@ -75,17 +79,30 @@ def plate_nesting(sites: Iterable[Message]) -> int:
 
 
 @dataclass(frozen=True)
+class Variable:
+    """A summed-out site: its number (the order the model reached it in), name, support
+    size and the dim its values lie along (which sites of a ``pt.markov`` loop share)."""
+
+    index: int
+    name: str
+    size: int
+    dim: int
+
+
+@dataclass(frozen=True)
 class Factor:
     """One site's log density, with the plates it lies in (name -> (dim, subsample size,
-    size)). A subsampled plate's scale (size / subsample size) is applied where the
-    product over the plate is taken, after the sum over the discrete sites local to it,
-    so that the estimate stays unbiased; only a scale of the user's (``pt.handlers.scale``)
-    is in ``log_prob``."""
+    size)) and the summed-out sites whose values lie along its dims (dim -> :class:`Variable`:
+    the sites that held those dims when it ran). A subsampled plate's scale (size /
+    subsample size) is applied where the product over the plate is taken, after the sum
+    over the discrete sites local to it, so that the estimate stays unbiased; only a scale
+    of the user's (``pt.handlers.scale``) is in ``log_prob``."""
 
     name: str
     log_prob: torch.Tensor
     plates: dict[str, tuple[int, int, int]]
     observed: bool
+    variables: dict[int, Variable] = field(default_factory=dict)
 
     @classmethod
     def of_site(
@@ -104,7 +121,7 @@ class Factor:
             log_prob = site_log_prob(msg, apply_scale=False, fn=fn)
             if apply_scale and msg.scale is not None:
                 log_prob = (msg.scale / _plate_scale(plates.values())) * log_prob
-        return cls(msg.name, log_prob, plates, msg.is_observed)
+        return cls(msg.name, log_prob, plates, msg.is_observed, msg.extra.get("enum_vars", {}))
 
 
 def _plate_scale(plates: Iterable[tuple[int, int, int]]) -> float:
@@ -117,8 +134,13 @@ def _plate_scale(plates: Iterable[tuple[int, int, int]]) -> float:
 class EnumerateSites(Messenger):
     """Set each named discrete site to its whole support, along a dimension of its own.
 
-    The ``k``-th site reached takes dimension ``first_dim - k``; ``sizes`` maps each
-    dimension to the size of its support once the model has run.
+    The first site reached takes dimension ``first_dim``, each next one the dim left of
+    the last, except in a ``pt.markov`` loop: there a site takes the dim of a site more
+    than ``history`` steps back, where there is one. Every sample site's message gets the
+    summed-out sites that hold the dims when it runs (``msg.extra["enum_vars"]``, dim ->
+    :class:`Variable`), which its :class:`Factor` keeps. ``variables`` maps each site to
+    its :class:`Variable`; ``site_dims`` to its dim and ``sizes`` each dim to the support
+    size of the site that took it last, once the model has run.
     """
 
     def __init__(self, names: Collection[str], first_dim: int):
@@ -128,17 +150,28 @@ class EnumerateSites(Messenger):
         self.sizes: dict[int, int] = {}
         self.site_dims: dict[str, int] = {}
         self.supports: dict[str, torch.Tensor] = {}
+        self.variables: dict[str, Variable] = {}
+        self._holders: dict[int, Variable] = {}  # dim -> the site whose values lie along it
+        self._steps: dict[int, tuple] = {}  # variable index -> its markov frames
+        self._held = self._holders.copy()  # what messages record (a copy per change)
 
     def process_message(self, msg: Message) -> None:
-        if msg.type != "sample" or msg.name not in self.names or msg.is_observed:
+        if msg.type != "sample":
             return
-        dim = self.first_dim - len(self.sizes)
+        if msg.name in self.names and not msg.is_observed:
+            self._enumerate(msg)
+        msg.extra["enum_vars"] = self._held
+
+    def _enumerate(self, msg: Message) -> None:
+        steps = msg.extra.get("markov", ())
+        dim = self._free_dim(steps)
         if -dim + len(msg.fn.event_shape) > MAX_DIMS:
             raise ValueError(
-                f"site {msg.name!r} is discrete site number {len(self.sizes) + 1} to be summed "
-                f"out, along dim {dim}; torch tensors have at most 64 dims (one of them for the "
-                f"chains). Each discrete site takes a dim of its own (probtorch has no "
-                f"pyro.markov to reuse them along a chain): marginalize a long chain in the "
+                f"site {msg.name!r} is discrete site number {len(self.variables) + 1} to be "
+                f"summed out, along dim {dim}; torch tensors have at most 64 dims (one of "
+                f"them for the chains). Each discrete site takes a dim of its own unless a "
+                f"loop over a chain's steps is written `for t in pt.markov(range(T)):` (its "
+                f"sites reuse the dims of earlier steps); or marginalize the chain in the "
                 f"model, e.g. with Pyro's DiscreteHMM distribution or a forward recursion "
                 f"in pt.factor"
             )
@@ -147,9 +180,37 @@ class EnumerateSites(Messenger):
         event_shape = tuple(msg.fn.event_shape)
         msg.value = support.reshape((size,) + (1,) * (-dim - 1) + event_shape)
         msg.extra["enumerated"] = True
+        variable = Variable(len(self.variables), msg.name, size, dim)
+        self.variables[msg.name] = variable
+        self._steps[variable.index] = steps
+        self._holders[dim] = variable
+        self._held = self._holders.copy()
         self.sizes[dim] = size
         self.site_dims[msg.name] = dim
         self.supports[msg.name] = support
+
+    def _free_dim(self, steps: tuple) -> int:
+        """The dim for a site at markov ``steps``: the rightmost one whose holder is more
+        than ``history`` steps back in a loop both are in, else a new one."""
+        if steps:
+            for dim in sorted(self._holders, reverse=True):
+                if _far_apart(self._steps[self._holders[dim].index], steps):
+                    return dim
+        return self.first_dim - len(self._holders)
+
+
+def _far_apart(a: tuple, b: tuple) -> bool:
+    """Whether two sites at markov frames ``a`` and ``b`` ((loop, step, history), outermost
+    first) cannot depend on each other: in the same iteration of every loop enclosing one
+    of them, and more than ``history`` steps apart in it."""
+    for (loop, step, history), (other, other_step, _) in zip(a, b):
+        if loop is not other:
+            return False
+        if abs(step - other_step) > history:
+            return True
+        if step != other_step:
+            return False
+    return False
 
 
 class CollectFactors(Messenger):
@@ -166,50 +227,99 @@ class CollectFactors(Messenger):
             self.factors.append(Factor.of_site(msg, apply_scale=self.apply_scale))
 
 
-def _checked(factor: Factor, ndim: int, nesting: int, sizes: dict[int, int]) -> torch.Tensor:
-    """The factor's log density with ``ndim`` dimensions, after checking that each of its
-    batch dimensions is one of its plates' or an enumerated site's."""
+@dataclass
+class _Term:
+    """A log density and the summed-out sites along its dims (variable index -> dim, for
+    the dims where it has more than one element)."""
+
+    tensor: torch.Tensor
+    dims: dict[int, int]
+
+
+def _term(factor: Factor, ndim: int, nesting: int) -> _Term:
+    """The factor's log density with ``ndim`` dimensions and its summed-out sites, after
+    checking that each of its batch dimensions is one of its plates' or such a site's."""
     log_prob = factor.log_prob
     if log_prob.dim() > ndim:
-        raise ValueError(_shape_error(factor, nesting, sizes, -log_prob.dim()))
+        raise ValueError(_shape_error(factor, nesting, -log_prob.dim()))
     log_prob = log_prob.reshape((1,) * (ndim - log_prob.dim()) + tuple(log_prob.shape))
     plate_sizes = {dim: size for dim, size, _ in factor.plates.values()}
+    dims = {}
     for dim in range(-ndim, 0):
         size = log_prob.shape[dim]
-        allowed = sizes.get(dim) if dim < -nesting else plate_sizes.get(dim)
-        if size != 1 and size != allowed:
-            raise ValueError(_shape_error(factor, nesting, sizes, dim))
-    return log_prob
+        if size == 1:
+            continue
+        if dim < -nesting:
+            variable = factor.variables.get(dim)
+            if variable is None or variable.size != size:
+                raise ValueError(_shape_error(factor, nesting, dim))
+            dims[variable.index] = dim
+        elif size != plate_sizes.get(dim):
+            raise ValueError(_shape_error(factor, nesting, dim))
+    return _Term(log_prob, dims)
 
 
-def _shape_error(factor: Factor, nesting: int, sizes: dict[int, int], dim: int) -> str:
+def _shape_error(factor: Factor, nesting: int, dim: int) -> str:
     plates = ", ".join(f"{name!r} at dim {d}" for name, (d, _, _) in factor.plates.items())
+    held = ", ".join(f"{v.name!r} at dim {d}" for d, v in sorted(factor.variables.items()))
     return (
         f"site {factor.name!r} has log density shape {tuple(factor.log_prob.shape)}, whose "
         f"dim {dim} is neither one of its plates' ({plates or 'none'}) nor a dimension of "
-        f"an enumerated discrete site (dims {sorted(sizes, reverse=True)}, left of the "
-        f"model's {nesting} plate dims). The model has discrete latent sites that are "
-        f"summed out, and then every batch dimension must be declared: put the site in a "
-        f"pt.plate, or move the dimension into the event with .to_event()"
+        f"an enumerated discrete site ({held or 'none'}, left of the model's {nesting} "
+        f"plate dims). The model has discrete latent sites that are summed out, and then "
+        f"every batch dimension must be declared: put the site in a pt.plate, or move the "
+        f"dimension into the event with .to_event()"
     )
 
 
-def _enum_dims(term: torch.Tensor, sizes: dict[int, int]) -> frozenset[int]:
-    return frozenset(d for d in sizes if term.shape[d] > 1)
+def _aligned(terms: list[_Term], nesting: int, fixed: dict[int, int] | None = None) -> _Term:
+    """The sum of ``terms`` (a product of densities), with each summed-out site along one
+    dim: sites of a ``pt.markov`` loop that share a dim, in terms multiplied together, are
+    moved apart (to dims no site in them holds). ``fixed`` places sites first."""
+    layout = dict(fixed or {})
+    used = set(layout.values())
+    free = -nesting - 1
+    for term in terms:
+        for index, dim in term.dims.items():
+            if index in layout:
+                continue
+            if dim in used:
+                while free in used:
+                    free -= 1
+                dim = free
+            layout[index] = dim
+            used.add(dim)
+    ndim = max([t.tensor.dim() for t in terms] + [-d for d in used])
+    tensors = []
+    for term in terms:
+        tensor = term.tensor
+        tensor = tensor.reshape((1,) * (ndim - tensor.dim()) + tuple(tensor.shape))
+        if any(layout[i] != d for i, d in term.dims.items()):
+            # a permutation: each site to its place, the plates kept, size-1 dims anywhere
+            source = {layout[i]: d for i, d in term.dims.items()}
+            source.update((d, d) for d in range(-nesting, 0))
+            taken = set(source.values())
+            spare = [d for d in range(-ndim, 0) if d not in taken]
+            places = [p for p in range(-ndim, 0) if p not in source]
+            source.update(zip(places, spare))
+            tensor = tensor.permute([ndim + source[p] for p in range(-ndim, 0)])
+        tensors.append(tensor)
+    return _Term(_add(tensors), {i: layout[i] for t in terms for i in t.dims})
 
 
-def _product(term: torch.Tensor, plates: Iterable[tuple[int, int, int]]) -> torch.Tensor:
+def _product(term: _Term, plates: Iterable[tuple[int, int, int]]) -> _Term:
     """The log of the product over plates: a sum along each plate dimension (a term
     constant along it counts ``subsample size`` times), scaled by a subsampled plate's
     ``size / subsample size``."""
     plates = sorted(plates)
+    tensor = term.tensor
     for dim, subsample_size, _ in plates:
-        if term.shape[dim] == 1:
-            term = term * subsample_size
+        if tensor.shape[dim] == 1:
+            tensor = tensor * subsample_size
         else:
-            term = term.sum(dim, keepdim=True)
+            tensor = tensor.sum(dim, keepdim=True)
     scale = _plate_scale(plates)
-    return term if scale == 1.0 else term * scale
+    return _Term(tensor if scale == 1.0 else tensor * scale, term.dims)
 
 
 def _add(terms: list[torch.Tensor]) -> torch.Tensor:
@@ -219,44 +329,73 @@ def _add(terms: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def _intermediate_size(terms: list[torch.Tensor], dim: int) -> int:
-    shapes = [t.shape for t in terms if t.shape[dim] > 1]
-    return math.prod(torch.broadcast_shapes(*shapes)) if shapes else 0
-
-
 def _sumproduct(
-    terms: list[torch.Tensor], dims: Iterable[int], maximize: bool = False
-) -> torch.Tensor:
-    """The log of the product of ``terms`` with ``dims`` summed out, one dimension at a
-    time (variable elimination): each time the dimension whose terms make the smallest
+    terms: list[_Term],
+    eliminate: Iterable[int],
+    sizes: dict[int, int],
+    nesting: int,
+    maximize: bool = False,
+) -> _Term:
+    """The log of the product of ``terms`` with the sites ``eliminate`` summed out, one at
+    a time (variable elimination): each time the site whose terms make the smallest
     intermediate, so that a chain of sites (``z[t]`` drawn given ``z[t - 1]``) costs
     linearly in its length, not exponentially."""
-    terms, dims = list(terms), set(dims)
-    while dims:
-        dim, best = None, None
-        for candidate in sorted(dims):  # (a loop, not min(key=): Dynamo traces it)
-            size = _intermediate_size(terms, candidate)
-            if best is None or size < best:
-                dim, best = candidate, size
-        dims.remove(dim)
-        involved = [t for t in terms if t.shape[dim] > 1]
-        if not involved:
-            continue
-        terms = [t for t in terms if t.shape[dim] == 1]
-        total = _add(involved)
+    live = dict(enumerate(terms))  # term number -> term
+    uses: dict[int, dict[int, None]] = {}  # site -> numbers of the terms it is in
+    for number, term in live.items():
+        for index in term.dims:
+            uses.setdefault(index, {})[number] = None
+    pending = set(eliminate) & set(uses)
+    cost: dict[int, int] = {}
+
+    def cost_of(index: int) -> int:  # (plain loops: Dynamo traces them)
+        joint: dict[int, None] = {}
+        extent = 1
+        for n in uses[index]:
+            term = live[n]
+            joint.update(dict.fromkeys(term.dims))
+            elements = 1
+            for size in term.tensor.shape[term.tensor.dim() - nesting :]:
+                elements *= int(size)
+            extent = max(extent, elements)
+        for i in joint:
+            extent *= sizes[i]
+        return extent
+
+    for index in sorted(pending):
+        cost[index] = cost_of(index)
+    next_number = len(live)
+    while pending:
+        index, best = None, None
+        for candidate in sorted(pending):  # (a loop, not min(key=): Dynamo traces it)
+            if best is None or cost[candidate] < best:
+                index, best = candidate, cost[candidate]
+        pending.remove(index)
+        numbers = list(uses.pop(index))
+        joint = _aligned([live.pop(n) for n in numbers], nesting)
+        dim = joint.dims.pop(index)
         if maximize:  # max-product: the best assignment's log density (MAP decoding)
-            terms.append(torch.amax(total, dim=dim, keepdim=True))
+            reduced = torch.amax(joint.tensor, dim=dim, keepdim=True)
         else:
-            terms.append(torch.logsumexp(total, dim=dim, keepdim=True))
-    return _add(terms)
+            reduced = torch.logsumexp(joint.tensor, dim=dim, keepdim=True)
+        live[next_number] = _Term(reduced, joint.dims)
+        for other in joint.dims:
+            for n in numbers:
+                uses[other].pop(n, None)
+            uses[other][next_number] = None
+        next_number += 1
+        for other in sorted(joint.dims):
+            if other in pending:
+                cost[other] = cost_of(other)
+    return _aligned(list(live.values()), nesting)
 
 
-def _components(terms: list, dims: set[int], sizes: dict[int, int], key=lambda t: t) -> list:
-    """Partition ``terms`` into groups connected by shared dimensions among ``dims``
-    (``key`` gives a term's tensor); returns ``(group, its dims)`` pairs in order."""
+def _components(terms: list, indices: set[int], key=lambda t: t) -> list:
+    """Partition ``terms`` into groups connected by shared sites among ``indices`` (``key``
+    gives a term's :class:`_Term`); returns ``(group, its sites)`` pairs in order."""
     groups: list[tuple[list, set[int]]] = []
     for term in terms:
-        mine = set(_enum_dims(key(term), sizes) & dims)
+        mine = set(key(term).dims) & indices
         merged: tuple[list, set[int]] = ([], set())
         kept = []
         for group in groups:  # (by position: terms are tensors, which == cannot compare)
@@ -271,17 +410,18 @@ def _components(terms: list, dims: set[int], sizes: dict[int, int], key=lambda t
     return groups
 
 
-def _eliminate(tree: dict[frozenset, list], sizes, frames, names, maximize=False) -> list:
-    """Sum out every enumerated dimension of a connected group of terms, leaf plates first;
-    returns ``(ordinal, term)`` pairs with no enumerated dimension left."""
-    dim_ordinal: dict[int, frozenset] = {}
+def _eliminate(tree: dict[frozenset, list], eliminate, sizes, frames, names, nesting, maximize):
+    """Sum out every site in ``eliminate`` of a connected group of terms, leaf plates
+    first; returns ``(ordinal, term)`` pairs with none of them left."""
+    site_ordinal: dict[int, frozenset] = {}
     for ordinal, terms in tree.items():
         for term in terms:
-            for dim in _enum_dims(term, sizes):
-                dim_ordinal[dim] = dim_ordinal.get(dim, ordinal) & ordinal
+            for index in term.dims:
+                if index in eliminate:
+                    site_ordinal[index] = site_ordinal.get(index, ordinal) & ordinal
     pending: dict[frozenset, set[int]] = {}
-    for dim, ordinal in dim_ordinal.items():
-        pending.setdefault(ordinal, set()).add(dim)
+    for index, ordinal in site_ordinal.items():
+        pending.setdefault(ordinal, set()).add(index)
     root = frozenset.intersection(*tree)
     while any(pending.values()):
         leaf = None
@@ -290,9 +430,9 @@ def _eliminate(tree: dict[frozenset, list], sizes, frames, names, maximize=False
                 leaf = ordinal
         terms = tree.pop(leaf)
         local = pending.pop(leaf, set())
-        for group, dims in _components(terms, local, sizes):
-            term = _sumproduct(group, dims, maximize)
-            left = _enum_dims(term, sizes)
+        for group, indices in _components(terms, local):
+            term = _sumproduct(group, indices, sizes, nesting, maximize)
+            left = set(term.dims)
             parents = [o for o, ds in pending.items() if ds & left]
             parent = frozenset.union(*parents) if parents else root
             if leaf != root:
@@ -303,8 +443,8 @@ def _eliminate(tree: dict[frozenset, list], sizes, frames, names, maximize=False
     return [(ordinal, term) for ordinal, terms in tree.items() for term in terms]
 
 
-def _intractable(leaf: frozenset, dims: Iterable[int], names: dict[int, str]) -> str:
-    sites = ", ".join(repr(names.get(d, f"dim {d}")) for d in sorted(dims, reverse=True))
+def _intractable(leaf: frozenset, indices: Iterable[int], names: dict[int, str]) -> str:
+    sites = ", ".join(repr(names[i]) for i in sorted(indices))
     return (
         f"the discrete sites {sites} are summed out, but they are read together in plates "
         f"{sorted(leaf)} that are not nested inside one another: no order of summing them "
@@ -316,60 +456,56 @@ def _intractable(leaf: frozenset, dims: Iterable[int], names: dict[int, str]) ->
 def sum_out(
     factors: list[Factor],
     plate_nesting: int,
-    sizes: dict[int, int] | None = None,
-    names: dict[int, str] | None = None,
     keep: Collection[str] = (),
-    target: Collection[int] = (),
+    target: Collection[str] = (),
     maximize: bool = False,
 ) -> torch.Tensor:
-    """The log of the product of ``factors`` with the enumerated dimensions summed out.
+    """The log of the product of ``factors`` with the summed-out discrete sites (each
+    factor's :attr:`Factor.variables`, left of the ``plate_nesting`` plate dimensions)
+    summed out.
 
-    ``sizes``: support size per enumerated dimension (found from the factors' shapes left of
-    the ``plate_nesting`` plate dimensions when omitted); ``names``: the enumerated site per
-    dimension, for messages. Plates named in ``keep`` are not multiplied out: the result
-    keeps their dimensions (a pointwise log likelihood), as its ``plate_nesting`` trailing
-    dimensions; otherwise it is a scalar. Enumerated dimensions in ``target`` are not summed
-    out either (a conditional distribution of their sites): the result then has all of the
-    factors' dimensions. With ``maximize``, the enumerated dimensions are maxed out instead
-    of summed (max-product: the log density of the best assignment).
+    Plates named in ``keep`` are not multiplied out: the result keeps their dimensions (a
+    pointwise log likelihood), as its ``plate_nesting`` trailing dimensions; otherwise it
+    is a scalar. Sites named in ``target`` are not summed out either (a conditional
+    distribution of their values): the result then has each along its own dim
+    (:attr:`Variable.dim`) and the plates' dims. With ``maximize``, the sites are maxed out
+    instead of summed (max-product: the log density of the best assignment).
     """
     ndim = max([plate_nesting] + [f.log_prob.dim() for f in factors])
-    if sizes is None:
-        sizes = {}
-        for f in factors:
-            shape = f.log_prob.shape
-            for dim in range(-f.log_prob.dim(), -plate_nesting):
-                if shape[dim] > 1:
-                    sizes[dim] = shape[dim]
-    names = names or {}
-    checked_sizes, sizes = sizes, {d: n for d, n in sizes.items() if d not in target}
+    variables = {v.index: v for f in factors for v in f.variables.values()}
+    names = {i: v.name for i, v in variables.items()}
+    kept = {i for i, v in variables.items() if v.name in target}
+    sizes = {i: v.size for i, v in variables.items()}
+    eliminate = set(sizes) - kept
     frames: dict[str, tuple[int, int, int]] = {}
     tree: dict[frozenset, list] = {}
     for factor in factors:
         frames.update(factor.plates)
-        term = _checked(factor, ndim, plate_nesting, checked_sizes)
+        term = _term(factor, ndim, plate_nesting)
         ordinal = frozenset(factor.plates) - frozenset(keep)
         tree.setdefault(ordinal, []).append(term)
 
-    total = None
+    results = []
     pairs = [(ordinal, term) for ordinal, terms in tree.items() for term in terms]
-    for group, dims in _components(pairs, set(sizes), sizes, key=lambda pair: pair[1]):
-        if not dims and not keep and not target:  # as the log joint sums it
+    for group, indices in _components(pairs, eliminate, key=lambda pair: pair[1]):
+        if not indices and not keep and not kept:  # as the log joint sums it
             for ordinal, term in group:
                 scale = _plate_scale(frames[p] for p in ordinal)
-                term = term.sum() if scale == 1.0 else term.sum() * scale
-                total = term if total is None else total + term
+                tensor = term.tensor.sum()
+                results.append(_Term(tensor if scale == 1.0 else tensor * scale, {}))
             continue
         subtree: dict[frozenset, list] = {}
         for ordinal, term in group:
             subtree.setdefault(ordinal, []).append(term)
-        for ordinal, term in _eliminate(subtree, sizes, frames, names, maximize):
-            term = _product(term, (frames[p] for p in ordinal))
-            total = term if total is None else total + term
-    if total is None:
+        eliminated = _eliminate(subtree, eliminate, sizes, frames, names, plate_nesting, maximize)
+        for ordinal, term in eliminated:
+            results.append(_product(term, (frames[p] for p in ordinal)))
+    if not results:
         return torch.zeros(())
-    if target:
-        return total
+    if kept:
+        home = {i: variables[i].dim for i in kept}
+        return _aligned(results, plate_nesting, fixed=home).tensor
+    total = _add([term.tensor for term in results])
     if not keep:
         return total.sum()
     return total.reshape(total.shape[total.dim() - plate_nesting :])
@@ -381,11 +517,7 @@ def _enumerated_in(factor: Factor, nesting: int) -> bool:
 
 
 def pointwise_log_likelihood(
-    factors: list[Factor],
-    observed: Iterable[str],
-    plate_nesting: int,
-    sizes: dict[int, int],
-    names: dict[int, str] | None = None,
+    factors: list[Factor], observed: Iterable[str], plate_nesting: int
 ) -> dict[str, torch.Tensor]:
     """Each observed site's log likelihood per element of its plates, with the enumerated
     sites summed out given the continuous ones: ``log p(y_i | theta)``, where ``theta``
@@ -404,9 +536,9 @@ def pointwise_log_likelihood(
             result[name] = factor.log_prob
             continue
         keep = set(factor.plates)
-        joint = sum_out(latent + [factor], plate_nesting, sizes, names, keep=keep)
+        joint = sum_out(latent + [factor], plate_nesting, keep=keep)
         if latent:
-            joint = joint - sum_out(latent, plate_nesting, sizes, names, keep=keep)
+            joint = joint - sum_out(latent, plate_nesting, keep=keep)
         plate_dims = {dim for dim, _, _ in factor.plates.values()}
         while joint.dim() and joint.shape[0] == 1 and -joint.dim() not in plate_dims:
             joint = joint.squeeze(0)

@@ -627,8 +627,7 @@ class Potential:
             factors, enumerate_ = CollectFactors(), self._enumerate()
             with nan_on_failure(), factors, unconstrain, enumerate_:
                 self.model(*self._args, **self._kwargs)
-            names = {dim: name for name, dim in enumerate_.site_dims.items()}
-            log_joint = sum_out(factors.factors, self.plate_nesting, enumerate_.sizes, names)
+            log_joint = sum_out(factors.factors, self.plate_nesting)
             total = log_joint + unconstrain.log_det
         else:
             log_joint = _LogJoint()
@@ -815,10 +814,7 @@ class Potential:
             for name, site in tracer.trace.sample_sites(observed=True).items()
             if not site.infer.get("is_auxiliary", False)
         ]
-        names = {dim: name for name, dim in enumerate_.site_dims.items()}
-        return pointwise_log_likelihood(
-            factors.factors, observed, self.plate_nesting, enumerate_.sizes, names
-        )
+        return pointwise_log_likelihood(factors.factors, observed, self.plate_nesting)
 
     def sample_discrete(
         self,
@@ -902,16 +898,13 @@ class Potential:
         with nan_on_failure(), factors, enumerate_:
             substitute(self.model, data={**latent, **fixed})(*self._args, **self._kwargs)
         dim = enumerate_.site_dims[name]
-        names = {d: n for n, d in enumerate_.site_dims.items()}
         site = self.prototype_trace[name]
         plates = [frame.name for frame in site.cond_indep_stack]
         logits = sum_out(
             factors.factors,
             self.plate_nesting,
-            enumerate_.sizes,
-            names,
             keep=plates,
-            target={dim},
+            target={name},
             maximize=maximize,
         ).movedim(dim, -1)
         size = logits.shape[-1]
