@@ -461,7 +461,7 @@ class markov(Messenger):
                 f"pt.markov(dim={dim!r}, name={name!r}): vectorized markov (Pyro's "
                 f"vectorized_markov, NumPyro's scan) is not supported; loop in Python "
                 f"(`for t in pt.markov(range(T)):`), or marginalize the chain in the model "
-                f"(Pyro's DiscreteHMM distribution)"
+                f"(probtorch.distributions.DiscreteHMM)"
             )
         history = int(history)
         if history < 0:

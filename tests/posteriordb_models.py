@@ -224,9 +224,8 @@ def hmm_example(y):
     distribution) and applies gamma_t(k) = logsumexp_j(gamma_{t-1}(j) + log Theta[j, k])
     + log N(y_t | mu_k, 1). That is a product of the (K, K) matrices
     Theta[j, k] N(y_t | mu_k, 1), computed here in log space as a parallel product.
-    (Pyro's ``DiscreteHMM`` would do the same, but it puts its initial distribution on the
-    state before the first observation and its ``safe_log`` does not run under
-    ``torch.func.vmap``.)
+    (``DiscreteHMM`` would do the same, but it puts its initial distribution on the state
+    before the first observation.)
     """
     theta1 = pt.sample("theta1", dist.Dirichlet(torch.ones(2, dtype=y.dtype)))
     theta2 = pt.sample("theta2", dist.Dirichlet(torch.ones(2, dtype=y.dtype)))

@@ -37,6 +37,7 @@ from .fixes import (  # noqa: F401  (fixed versions of Pyro's, same names)
     Categorical,
     ContinuousBernoulli,
     Dirichlet,
+    DiscreteHMM,
     FisherSnedecor,
     LKJCholesky,
     Multinomial,

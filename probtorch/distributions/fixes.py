@@ -34,6 +34,11 @@ fitted by SVI, whose step takes its gradient with ``torch.func``. The ``Dirichle
 (``torch._dirichlet_grad``) through a function that ``torch.func`` accepts: the same draws
 and gradients.
 
+Pyro's ``DiscreteHMM`` takes a log through ``safe_log``, an ``autograd.Function`` in the
+old style, which ``torch.func`` refuses, so a model observing it could not be sampled by
+NUTS; the ``DiscreteHMM`` here computes the same values and gradients with torch
+operations.
+
 Speed. torch's ``Bernoulli.log_prob`` is ``-binary_cross_entropy_with_logits``, which
 torch computes as ``(1 - y) x + m + log(exp(-m) + exp(-x - m))`` with ``m = max(-x, 0)``:
 two exponentials and a logarithm per element, and its gradient a division more. The
@@ -280,6 +285,71 @@ class Dirichlet(pyro_dist.Dirichlet):
 
     def expand(self, batch_shape, _instance=None):
         return _expand_subclass(self, pyro_dist.Dirichlet, batch_shape, _instance)
+
+
+def _safe_log(x: torch.Tensor) -> torch.Tensor:
+    """``log(x)`` for ``x >= 0`` whose gradient is 0, not nan, where ``x = 0`` (``-inf``,
+    whose own gradient is 0 downstream): log of 1 there, then replaced ("double where").
+    ``pyro.ops.special.safe_log`` does this with an ``autograd.Function`` in the old style,
+    which ``torch.func`` transforms refuse."""
+    positive = x > 0
+    logged = torch.where(positive, x, torch.ones_like(x)).log()
+    return torch.where(positive, logged, torch.full_like(x, -torch.inf))
+
+
+def _log_matmul_exp(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``log(exp(x) @ exp(y))``, stably (shifted by the row and column maxima)."""
+    lowest = torch.finfo(x.dtype).min  # (an all -inf row: -inf - -inf would be nan)
+    x_shift = x.detach().amax(-1, keepdim=True).clamp(min=lowest)
+    y_shift = y.detach().amax(-2, keepdim=True).clamp(min=lowest)
+    product = torch.matmul((x - x_shift).exp(), (y - y_shift).exp())
+    return _safe_log(product) + x_shift + y_shift
+
+
+def _log_matrix_chain(logits: torch.Tensor) -> torch.Tensor:
+    """``logits[..., 0, :, :] @ ... @ logits[..., T - 1, :, :]`` in log space, as a tree
+    of pairwise products (log(T) levels)."""
+    while logits.size(-3) > 1:
+        time = logits.size(-3)
+        even = time // 2 * 2
+        part = logits[..., :even, :, :]
+        pairs = part.reshape(part.shape[:-3] + (even // 2, 2) + part.shape[-2:])
+        product = _log_matmul_exp(pairs[..., 0, :, :], pairs[..., 1, :, :])
+        logits = torch.cat([product, logits[..., even:, :, :]], -3) if time > even else product
+    return logits.squeeze(-3)
+
+
+class DiscreteHMM(pyro_dist.DiscreteHMM):
+    """Pyro's ``DiscreteHMM(initial_logits, transition_logits, observation_dist)``: a hidden
+    Markov chain's states summed out in one site, whose ``log_prob`` runs under
+    ``torch.func`` and ``torch.compile`` (NUTS evaluates models under ``vmap`` over chains).
+    Pyro's takes the log with an ``autograd.Function`` in the old style, which ``vmap``
+    refuses ("it must override the setup_context staticmethod"); this one computes the
+    same values and gradients. As in Pyro, ``initial_logits`` are the state before the
+    first observation.
+
+    Example::
+
+        >>> initial = torch.tensor([0.0, float("-inf")])  # starts in state 0
+        >>> transition = torch.tensor([[0.9, 0.1], [0.2, 0.8]]).log()
+        >>> emission = pyro_dist.Normal(torch.tensor([0.0, 3.0]), 1.0)
+        >>> hmm = DiscreteHMM(initial, transition, emission)
+        >>> chains = torch.tensor([[0.1, 2.9, 3.2], [0.0, 0.2, -0.1]])
+        >>> torch.func.vmap(hmm.log_prob)(chains).shape
+        torch.Size([2])
+    """
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        value = value.unsqueeze(-1 - self.observation_dist.event_dim)
+        observed = self.observation_dist.log_prob(value)  # (..., T, state)
+        logits = self.transition_logits + observed.unsqueeze(-2)  # [i, j]: from i, to j, y
+        logits = _log_matrix_chain(logits)
+        return (self.initial_logits + logits.logsumexp(-1)).logsumexp(-1)
+
+    def expand(self, batch_shape, _instance=None):
+        return _expand_subclass(self, pyro_dist.DiscreteHMM, batch_shape, _instance)
 
 
 class Beta(pyro_dist.Beta):

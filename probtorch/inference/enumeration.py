@@ -172,8 +172,8 @@ class EnumerateSites(Messenger):
                 f"them for the chains). Each discrete site takes a dim of its own unless a "
                 f"loop over a chain's steps is written `for t in pt.markov(range(T)):` (its "
                 f"sites reuse the dims of earlier steps); or marginalize the chain in the "
-                f"model, e.g. with Pyro's DiscreteHMM distribution or a forward recursion "
-                f"in pt.factor"
+                f"model, e.g. with the DiscreteHMM distribution (one site for the whole "
+                f"chain) or a forward recursion in pt.factor"
             )
         support = msg.fn.enumerate_support(expand=False)
         size = support.shape[0]
