@@ -554,6 +554,116 @@ def test_trace_enum_elbo_is_minus_the_marginal_log_density_without_guided_sites(
     torch.testing.assert_close(torch.tensor(loss), expected[0])
 
 
+def labelled_model(x):
+    """A class per point (as a semi-supervised VAE's label) and a latent per point given it."""
+    with pt.plate("data", x.shape[0]):
+        y = pt.sample("y", dist.Categorical(PRIOR))
+        z = pt.sample("z", dist.Normal(LOCS[y], 1.0))
+        pt.sample("x", dist.Normal(z, 0.5), obs=x)
+
+
+# (initial values drawn once: an initial value drawn in the guide from a generator of its
+# own at every step makes the compiled SVI step draw from torch's global generator)
+LOGITS = torch.randn(4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+Z_LOCS = torch.randn(4, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+
+def enumerating_guide(x, spread=None):
+    """q(y) enumerated; z given y a point mass (spread None, for an exact ELBO) or normal."""
+    logits = pt.param("logits", LOGITS.clone())
+    locs = pt.param("locs", Z_LOCS.clone())
+    with pt.plate("data", x.shape[0]):
+        y = pt.sample("y", dist.Categorical(logits=logits), infer={"enumerate": "parallel"})
+        loc = locs[torch.arange(x.shape[0]), y]  # (3, 4) for the three values of y
+        pt.sample("z", dist.Delta(loc) if spread is None else dist.Normal(loc, spread))
+
+
+def _labelled_elbo_by_hand(x, logits, locs):
+    q = torch.softmax(logits, -1)  # (4, 3)
+    terms = (
+        PRIOR.log()
+        + dist.Normal(LOCS, 1.0).log_prob(locs)
+        + dist.Normal(locs, 0.5).log_prob(x[:, None])
+        - q.log()
+    )
+    return (q * terms).sum()
+
+
+def test_trace_enum_elbo_takes_the_expectation_over_enumerated_guide_sites_exactly():
+    """Pyro's guide-side enumeration (a semi-supervised VAE's unlabelled ELBO): the loss is
+    the sum over the labels of q(y) (log p - log q), with its gradient, for 1 and 3
+    particles."""
+    x = torch.tensor([-1.2, 0.4, 0.6, 2.2], dtype=torch.float64)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        for num_particles in (1, 3):
+            elbo = TraceEnum_ELBO(num_particles=num_particles)
+            loss = elbo.differentiable_loss(labelled_model, enumerating_guide, x)
+            logits, locs = store["logits"], store["locs"]
+            expected = -_labelled_elbo_by_hand(x, logits, locs)
+            torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
+            grads = torch.autograd.grad(loss, [logits, locs])
+            by_hand = torch.autograd.grad(expected, [logits, locs])
+            for a, b in zip(grads, by_hand):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_an_enumerated_guide_in_a_subsampled_plate_is_scaled_as_its_terms_are():
+    x = torch.tensor([-1.2, 0.4, 0.6, 2.2], dtype=torch.float64)
+    idx = torch.tensor([3, 1])
+
+    def model(x):
+        with pt.plate("data", 4, subsample=idx):
+            y = pt.sample("y", dist.Categorical(PRIOR))
+            z = pt.sample("z", dist.Normal(LOCS[y], 1.0))
+            pt.sample("x", dist.Normal(z, 0.5), obs=x[idx])
+
+    def guide(x):
+        logits = pt.param("logits", LOGITS.clone())
+        locs = pt.param("locs", Z_LOCS.clone())
+        with pt.plate("data", 4, subsample=idx):
+            q = dist.Categorical(logits=logits[idx])
+            y = pt.sample("y", q, infer={"enumerate": "parallel"})
+            pt.sample("z", dist.Delta(locs[idx][torch.arange(2), y]))
+
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        loss = TraceEnum_ELBO().loss(model, guide, x)
+        expected = -2.0 * _labelled_elbo_by_hand(x[idx], store["logits"][idx], store["locs"][idx])
+    assert loss == pytest.approx(float(expected.detach()), rel=1e-12)
+
+
+def test_an_enumerated_guide_with_the_exact_posterior_gives_minus_the_log_evidence():
+    """With q(y) the posterior of y, the ELBO is log p(x) (here with z a point mass at
+    its value in the model, conditioned), the model-side enumeration's value."""
+    x = torch.tensor([-1.2, 0.4, 0.6, 2.2], dtype=torch.float64)
+    z = torch.tensor([-0.9, 0.1, 0.8, 1.7], dtype=torch.float64)
+    model = pt.handlers.condition(labelled_model, data={"z": z})
+    joint = PRIOR.log() + dist.Normal(LOCS, 1.0).log_prob(z[:, None])  # (4, 3)
+    posterior = joint - joint.logsumexp(-1, keepdim=True)
+
+    def exact(x):
+        with pt.plate("data", x.shape[0]):
+            pt.sample("y", dist.Categorical(logits=posterior), infer={"enumerate": "parallel"})
+
+    loss = TraceEnum_ELBO().loss(model, exact, x)
+    summed_out = TraceEnum_ELBO().loss(model, lambda x: None, x)
+    assert loss == pytest.approx(summed_out, rel=1e-12)
+
+
+def test_svi_with_an_enumerated_guide_compiles_as_it_runs_eagerly():
+    x = torch.tensor([-1.2, 0.4, 0.6, 2.2], dtype=torch.float64)
+    losses = {}
+    for compile in (True, False):
+        svi = SVI(labelled_model, lambda x: enumerating_guide(x, 0.3), pt.optim.Adam(lr=0.05),
+                  TraceEnum_ELBO(), compile=compile, seed=4)  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            losses[compile] = svi.run(30, x, progress_bar=False).losses
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-10, atol=1e-10)
+    assert losses[True][-5:].mean() < losses[True][:5].mean()
+
+
 def test_trace_enum_elbo_refuses_a_discrete_guide_site_and_a_small_max_plate_nesting():
     w, y = _nested_data()
 
@@ -564,8 +674,15 @@ def test_trace_enum_elbo_refuses_a_discrete_guide_site_and_a_small_max_plate_nes
     def scale_guide(w, y):
         pt.sample("scale", dist.LogNormal(0.0, 1.0))
 
-    with pytest.raises(ValueError, match=r"guide site 'z1' is discrete.*block\(model"):
+    def half_enumerated(w, y):  # z1 enumerated in the guide, z2 summed out of the model
+        pt.sample("scale", dist.LogNormal(0.0, 1.0))
+        pt.sample("z1", dist.Categorical(PRIOR), infer={"enumerate": "parallel"})
+
+    not_marked = r"guide site 'z1' is discrete.*and not enumerated.*'enumerate': 'parallel'"
+    with pytest.raises(ValueError, match=not_marked + r".*block\(model"):
         TraceEnum_ELBO().loss(nested, guide, w, y)
+    with pytest.raises(ValueError, match=r"guide enumerates \['z1'\].*\['z2'\].*not both"):
+        TraceEnum_ELBO().loss(nested, half_enumerated, w, y)
     with pytest.raises(ValueError, match=r"max_plate_nesting=1.*2 batch dims"):
         TraceEnum_ELBO(max_plate_nesting=1).loss(nested, scale_guide, w, y)
 

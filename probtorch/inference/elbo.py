@@ -47,7 +47,7 @@ from ..handlers import Trace, replay, site_log_prob, trace
 from ..primitives import plate
 from ..runtime import Message, Messenger
 from ..validation import innermost, torch_validation
-from .enumeration import EnumerateSites, Factor, enumerable, sum_out
+from .enumeration import EnumerateSites, Factor, Variable, enumerable, sum_out
 
 __all__ = ["ELBO", "Trace_ELBO", "TraceMeanField_ELBO", "TraceGraph_ELBO", "RenyiELBO"]
 
@@ -110,6 +110,9 @@ class ELBOPlan:
     initial_state: dict = field(default_factory=dict)
     # TraceEnum_ELBO: the model's discrete latent sites, not in the guide, summed out
     enumerated: tuple[str, ...] = ()
+    # TraceEnum_ELBO: the guide's discrete sites marked infer={"enumerate": "parallel"},
+    # whose expectation is taken exactly (each value weighted by its probability)
+    guide_enumerated: tuple[str, ...] = ()
 
 
 # -- support and shape checks -------------------------------------------------------------
@@ -290,6 +293,10 @@ class ELBO:
     # -- machinery used by SVI ------------------------------------------------------------
     def _traces(self, model, guide, args, kwargs, plan, validate=False) -> tuple[Trace, Trace]:
         """Guide trace, then model trace with the guide's values replayed."""
+        if plan is not None and plan.guide_enumerated:
+            enumerate_guide = EnumerateSites(plan.guide_enumerated, self._first_enum_dim(plan))
+            enumerate_guide.fn = guide
+            guide = enumerate_guide
         if validate:
             guide_tracer = trace(guide)
         else:
@@ -306,7 +313,8 @@ class ELBO:
         guide_trace = guide_tracer.trace
         replayed = replay(model, trace=guide_trace)
         if plan is not None and plan.enumerated:
-            enumerate_ = EnumerateSites(plan.enumerated, self._first_enum_dim(plan))
+            first = self._first_enum_dim(plan) - len(plan.guide_enumerated)
+            enumerate_ = EnumerateSites(plan.enumerated, first)
             enumerate_.fn = replayed
             replayed = enumerate_
         if validate:
@@ -364,7 +372,7 @@ class ELBO:
         particle dim: the model broadcast a latent drawn per particle against another
         dim, and the loss would count each observation once per pair of particles."""
         model_trace, guide_trace = self._traces(model, guide, args, kwargs, plan)
-        allowed = plan.max_plate_nesting + 1 + len(plan.enumerated)
+        allowed = plan.max_plate_nesting + 1 + len(plan.enumerated) + len(plan.guide_enumerated)
         for where, tr in (("model", model_trace), ("guide", guide_trace)):
             for name, site in tr.items():
                 if site.type != "sample":
@@ -537,8 +545,14 @@ class TraceEnum_ELBO(ELBO):
     enumeration over the plates (:mod:`probtorch.inference.enumeration`, as HMC/NUTS sum
     them out). A site is summed out whether or not it is marked
     ``infer={"enumerate": "parallel"}``; it needs a finite support. An autoguide leaves
-    such sites out when built on ``pt.handlers.block(model, hide=[...])``. Discrete sites
-    of the guide are not enumerated (use TraceGraph_ELBO for those).
+    such sites out when built on ``pt.handlers.block(model, hide=[...])``.
+
+    A discrete guide site marked ``infer={"enumerate": "parallel"}`` (Pyro's
+    ``config_enumerate``; a semi-supervised VAE's label) takes all its values at once, and
+    each term of ``log p - log q`` that depends on it is weighted by its guide probability:
+    the expectation over it is exact, its gradient too. A guide that enumerates cannot be
+    combined with discrete model sites summed out in one ELBO; unmarked discrete guide
+    sites are refused (TraceGraph_ELBO takes them with score-function gradients).
 
     Args:
         num_particles, vectorize_particles: as for :class:`Trace_ELBO`.
@@ -573,17 +587,22 @@ class TraceEnum_ELBO(ELBO):
         return enumerable(site)
 
     def _check_reparam(self, guide_trace: Trace, guide_latents: list) -> None:
+        drawn = []
         for name in guide_latents:
-            fn = guide_trace[name].fn
-            if fn.support.is_discrete:
+            site = guide_trace[name]
+            if _guide_enumerated(site):
+                continue
+            if site.fn.support.is_discrete:
                 raise ValueError(
-                    f"guide site {name!r} is discrete ({type(fn).__name__}): "
-                    f"TraceEnum_ELBO sums out the model's discrete sites that the guide "
-                    f"leaves out, and does not enumerate the guide's. Leave it out of the "
-                    f"guide (for an autoguide, build it on pt.handlers.block(model, "
-                    f"hide=[{name!r}])), or use TraceGraph_ELBO"
+                    f"guide site {name!r} is discrete ({type(site.fn).__name__}) and not "
+                    f"enumerated: mark it infer={{'enumerate': 'parallel'}} (Pyro's "
+                    f"config_enumerate) and TraceEnum_ELBO takes the expectation over its "
+                    f"values exactly; or leave it out of the guide, and TraceEnum_ELBO sums "
+                    f"it out of the model (for an autoguide, build it on "
+                    f"pt.handlers.block(model, hide=[{name!r}])); or use TraceGraph_ELBO"
                 )
-        super()._check_reparam(guide_trace, guide_latents)
+            drawn.append(name)
+        super()._check_reparam(guide_trace, drawn)
 
     def _extend_plan(self, plan: ELBOPlan, model_trace: Trace, guide_trace: Trace) -> None:
         if self.max_plate_nesting is not None and self.max_plate_nesting < plan.max_plate_nesting:
@@ -596,6 +615,16 @@ class TraceEnum_ELBO(ELBO):
             for name, site in model_trace.items()
             if _is_latent(site) and name not in guide_trace and self._sums_out(site)
         )
+        plan.guide_enumerated = tuple(
+            name for name in plan.guide_latents if _guide_enumerated(guide_trace[name])
+        )
+        if plan.enumerated and plan.guide_enumerated:
+            raise ValueError(
+                f"TraceEnum_ELBO: the guide enumerates {list(plan.guide_enumerated)} and the "
+                f"model's {list(plan.enumerated)} are summed out of the model; probtorch does "
+                f"one or the other in one ELBO, not both. Sample those model sites in the "
+                f"guide too (enumerated), or leave the guide's out of it"
+            )
 
     def _model_log_density(self, model_trace, plan, kl_sites=frozenset()):
         if not plan.enumerated:
@@ -607,6 +636,68 @@ class TraceEnum_ELBO(ELBO):
             return sum_out(factors, nesting)
         per_particle = sum_out(factors, nesting, keep={_PARTICLES}).reshape(-1)
         return per_particle.expand(num) if per_particle.numel() == 1 else per_particle
+
+    def _elbo_particles(self, model_trace, guide_trace, plan, kl_sites=frozenset()):
+        if not plan.guide_enumerated:
+            return super()._elbo_particles(model_trace, guide_trace, plan, kl_sites)
+        return _enumerated_guide_elbo(
+            model_trace, guide_trace, plan, self._particle_dim(plan), self.num_particles
+        )
+
+
+def _guide_enumerated(site: Message) -> bool:
+    """Whether a guide site is enumerated by TraceEnum_ELBO (marked, as Pyro asks)."""
+    return site.infer.get("enumerate") == "parallel" and enumerable(site)
+
+
+def _enumerated_guide_elbo(model_trace, guide_trace, plan, pdim, num) -> torch.Tensor:
+    """The ELBO per particle with the guide's enumerated sites' expectation exact: each
+    term of ``log p - log q`` (one site's) that varies with some of them is weighted by
+    their joint guide probability (computed by :func:`sum_out` from the guide's factors of
+    those sites, with the term's plates kept) and summed over their values."""
+    nesting = plan.max_plate_nesting + (pdim is not None)
+    variables: dict[int, Variable] = {}
+    for name in plan.guide_enumerated:
+        for dim, variable in guide_trace[name].extra["enum_vars"].items():
+            if variables.setdefault(dim, variable) != variable:
+                raise ValueError(
+                    f"guide sites {variables[dim].name!r} and {variable.name!r} are enumerated "
+                    f"along the same dim {dim} (a pt.markov loop in the guide): TraceEnum_ELBO "
+                    f"enumerates a guide's sites each along a dim of its own"
+                )
+    guide_factors = [
+        Factor.of_site(guide_trace[name], apply_scale=False) for name in plan.guide_enumerated
+    ]
+    costs = [(model_trace[name], 1.0) for name in plan.model_sites]
+    costs += [(guide_trace[name], -1.0) for name in plan.guide_latents + plan.guide_factors]
+    weights: dict[tuple, torch.Tensor] = {}
+    elbo = None
+    for site, sign in costs:
+        cost = sign * site_log_prob(site)
+        plates = frozenset(frame.name for frame in site.cond_indep_stack)
+        names = []
+        for dim in range(-cost.dim(), -nesting):
+            if cost.shape[dim] > 1:
+                if dim not in variables:
+                    raise ValueError(
+                        f"site {site.name!r} has log density shape {tuple(cost.shape)}, "
+                        f"whose dim {dim} is neither a plate's nor an enumerated guide "
+                        f"site's ({', '.join(repr(v.name) for v in variables.values())}): "
+                        f"declare every batch dim with a pt.plate"
+                    )
+                names.append(variables[dim].name)
+        if names:
+            key = (frozenset(names), plates)
+            if key not in weights:
+                weights[key] = sum_out(guide_factors, nesting, keep=plates, target=set(names))
+            log_weight = weights[key]
+            # a value of probability 0 adds nothing (its cost may be -inf: 0 * -inf is
+            # nan, and so would its gradient be, without the cost set to 0 first)
+            cost = torch.where(log_weight > -math.inf, cost, torch.zeros((), dtype=cost.dtype))
+            cost = log_weight.exp() * cost
+        term = _per_particle(cost, pdim, num)
+        elbo = term if elbo is None else elbo + term
+    return elbo
 
 
 class TraceMeanField_ELBO(ELBO):
