@@ -562,8 +562,8 @@ def labelled_model(x):
         pt.sample("x", dist.Normal(z, 0.5), obs=x)
 
 
-# (initial values drawn once: an initial value drawn in the guide from a generator of its
-# own at every step makes the compiled SVI step draw from torch's global generator)
+# (initial values drawn once, outside: a generator made in the guide at every step would
+# make SVI run the step eagerly)
 LOGITS = torch.randn(4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 Z_LOCS = torch.randn(4, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
 

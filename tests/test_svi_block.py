@@ -169,6 +169,38 @@ def test_a_step_that_branches_on_a_float_and_on_a_value_runs_eagerly():
     torch.testing.assert_close(losses[True], losses[False], rtol=0, atol=0)
 
 
+def test_a_generator_made_in_the_guide_runs_the_step_eagerly_with_compile_falses_draws():
+    # the initial value drawn from a generator of the guide's own at every step: a captured
+    # graph drew it from torch's global generator instead, so the losses depended on what
+    # the caller had drawn before (and differed from compile=False's)
+    def own_generator_guide(y):
+        init = torch.randn(3, generator=torch.Generator().manual_seed(1))
+        loc = pt.param("loc", init)
+        with pt.plate("data", 3):
+            pt.sample("mu", dist.Normal(loc, 0.3))
+
+    def local_model(y):
+        with pt.plate("data", 3):
+            mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+            pt.sample("y", dist.Normal(mu, 0.5), obs=y)
+
+    y = torch.tensor([-1.0, 0.5, 2.0])
+    losses = []
+    for compile in (True, True, False):
+        torch.randn(len(losses) + 1)  # the caller's own draws, different each time
+        svi = SVI(local_model, own_generator_guide, pt.optim.Adam(lr=0.05), Trace_ELBO(),
+                  compile=compile, seed=4)  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            losses.append(svi.run(5, y, progress_bar=False).losses)
+        notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        assert len(notes) == int(compile), notes
+        if compile:
+            assert "running the SVI step eagerly" in notes[0] and "torch.Generator" in notes[0]
+    for other in losses[1:]:
+        torch.testing.assert_close(other, losses[0], rtol=0, atol=0)
+
+
 def test_an_error_of_the_users_code_in_a_compiled_step_is_raised_as_it_is():
     # Dynamo reports it as "Observed exception"; the advice about one graph was wrong
     def late_guide(y, extra):

@@ -408,9 +408,10 @@ def _eager_note(error: Exception) -> str:
     return (
         f"{eager_fallback_note('running the SVI step eagerly', error, ' to SVI')}. "
         f"Python code that reads the values of tensors computed in the model or guide "
-        f"(`if z > 0:`, `.item()`, `int(x)`) cannot be compiled: torch operations such as "
-        f"torch.where, or such numbers computed outside and passed as arguments, keep the "
-        f"step compiled (several times faster)"
+        f"(`if z > 0:`, `.item()`, `int(x)`), or that creates objects such as a "
+        f"torch.Generator there, cannot be compiled: torch operations such as torch.where, "
+        f"or such numbers and objects made outside and passed in, keep the step compiled "
+        f"(several times faster)"
     )
 
 

@@ -381,6 +381,14 @@ class _OpRecord(TorchDispatchMode):
         if func._schema.is_mutable:
             args, kwargs = self._protected(func, args, kwargs)
         flat, spec = pytree.tree_flatten((args, kwargs))
+        for a in flat:
+            if isinstance(a, torch.Generator) and a is not torch.default_generator:
+                # a captured graph would not draw from it (the draws came out of torch's
+                # global generator, and so differed from compile=False's)
+                raise RuntimeError(
+                    f"{func} draws from a torch.Generator of the model's or guide's own "
+                    f"(in a param's initial value, say), which a captured graph cannot keep"
+                )
         self.ops.append((str(func), str(spec), tuple(self._describe(a) for a in flat)))
         out = func(*args, **kwargs)
         j = len(self.ops) - 1
