@@ -422,14 +422,14 @@ class markov(Messenger):
     most 62 discrete sites (torch's 64 dims, less the chains'); with it, a chain of any
     length, with each step's sites on the dims of the step ``history + 1`` before.
 
-    ``for t in pt.markov(range(T)):`` makes each iteration a step; ``with m:`` on one
-    ``m = pt.markov()`` makes each entry the next step (``pt.markov(fn)`` wraps a function,
-    each call one step). Sites outside the loop take dims of their own, and so do those of
-    other ``markov`` objects (a recursive model that enters a new ``pt.markov()`` per
-    step is correct but reuses no dims). Without summed-out sites it changes nothing.
-    ``keep=True`` reuses no dims (Pyro's flag for branching models), and vectorized
-    markov (``dim=``, ``name=``: NumPyro's ``scan`` or Pyro's ``vectorized_markov``)
-    is refused.
+    As in Pyro, a step is a depth of entry: ``for t in pt.markov(range(T)):`` makes each
+    iteration the next step (every iteration stays entered until the loop ends), and
+    ``pt.markov(fn)`` wrapping a recursive function (or ``with m:`` nested) makes each call
+    one step deeper than its caller, so that the siblings of a tree are steps after their
+    parent. Sites outside it take dims of their own, and so do those of other ``markov``
+    objects. Without summed-out sites it changes nothing. ``keep=True`` reuses no dims, and
+    vectorized markov (``dim=``, ``name=``: NumPyro's ``scan`` or Pyro's
+    ``vectorized_markov``) is refused.
 
     As in Pyro, the model must keep its promise: a site that reads a summed-out value
     more than ``history`` steps back reads another site's values along that dim.
@@ -445,7 +445,7 @@ class markov(Messenger):
         ...         pt.sample(f"y_{t}", dist.Normal(2.0 * z, 1.0), obs=y[t])
         >>> trace = pt.handlers.trace(pt.handlers.seed(hmm, rng_seed=0)).get_trace(torch.zeros(3))
         >>> [msg.extra["markov"][0][1] for msg in trace.values()]
-        [0, 0, 1, 1, 2, 2]
+        [1, 1, 2, 2, 3, 3]
     """
 
     def __init__(
@@ -468,27 +468,44 @@ class markov(Messenger):
             raise ValueError(f"pt.markov: history must be >= 0, got {history}")
         self.history = history
         self.keep = bool(keep)
-        self.step = -1
+        self.depth = 0  # entries not yet exited: the step of the sites run now
         self._iterable = None
         if fn is not None and not callable(fn):  # an iterable: each item one step
             self._iterable, fn = fn, None
         super().__init__(fn)
 
     def __enter__(self):
-        self.step += 1
-        return super().__enter__()
+        # a step is the depth of entry, as in Pyro: a recursive function's call depth (its
+        # siblings, run after a subtree returns, are at their parent's depth + 1), and for
+        # a loop the number of items so far (each entered until the loop ends)
+        self.depth += 1
+        if self.depth == 1:  # on the handler stack once, however deep
+            super().__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        if self.depth == 0:
+            return super().__exit__(*exc)
+        return None
 
     def __iter__(self):
         if self._iterable is None:
             raise TypeError("pt.markov() was given no iterable to loop over")
-        for item in self._iterable:
-            with self:
+        entered = 0
+        try:
+            for item in self._iterable:
+                self.__enter__()
+                entered += 1
                 yield item
+        finally:
+            for _ in range(entered):
+                self.__exit__(None, None, None)
 
     def process_message(self, msg: Message) -> None:
         if msg.type != "sample":
             return
         # outermost markov first (the inner one's handler runs first, so prepends last)
         # (keep: every step may depend on every other, so no dims are reused)
-        frame = (self, self.step, math.inf if self.keep else self.history)
+        frame = (self, self.depth, math.inf if self.keep else self.history)
         msg.extra["markov"] = (frame,) + msg.extra.get("markov", ())

@@ -382,6 +382,54 @@ def test_discrete_hmm_is_the_markov_loop_and_pyros_values_under_vmap_and_compile
     torch.testing.assert_close(g_ours, g_theirs, rtol=1e-12, atol=1e-12)
 
 
+TREE = ((True, False), (False, (True, True)))  # a binary tree with 5 leaves
+TREE_BRANCH = torch.tensor([[0.7, 0.3], [0.2, 0.8]], dtype=torch.float64)
+TREE_LEAF = torch.tensor([0.15, 0.9], dtype=torch.float64)
+
+
+def _tree_model():
+    """Pyro's recursive markov model (its test_enum_recycling_reentrant): each branch's
+    state depends on its parent's; a step is a depth of recursion."""
+
+    def subtree(data, state=0, address=""):
+        if isinstance(data, bool):
+            obs = torch.tensor(float(data), dtype=torch.float64)
+            pt.sample(f"leaf_{address}", dist.Bernoulli(TREE_LEAF[state]), obs=obs)
+            return
+        for branch, letter in zip(data, "ab"):
+            name = f"branch_{address + letter}"
+            child = pt.sample(name, dist.Categorical(TREE_BRANCH[state]))
+            recurse(branch, child, address + letter)
+
+    recurse = pt.markov(subtree, history=1)
+
+    def tree(data):
+        scale = pt.sample("scale", dist.HalfNormal(1.0))
+        pt.sample("s", dist.Normal(0.0, scale), obs=torch.tensor(0.3, dtype=torch.float64))
+        recurse(data)
+
+    return tree
+
+
+def test_a_recursive_markov_tree_reuses_dims_by_depth_and_sums_out_exactly():
+    """Siblings sampled after a subtree returns are one step below their parent (not
+    steps after the subtree's sites): the potential equals the brute-force sum over the
+    256 assignments of the 8 branches (it took the parent's dim and was wrong)."""
+    tree = _tree_model()
+    names = ["branch_" + a for a in ("a", "aa", "ab", "b", "ba", "bb", "bba", "bbb")]
+    dims = _enumerated_dims(tree, (TREE,))
+    assert len(set(dims.values())) < len(names)  # dims are reused
+    assert dims["branch_ab"] != dims["branch_a"] and dims["branch_bba"] != dims["branch_bb"]
+    scale = torch.tensor(0.8, dtype=torch.float64)
+    log_joint = []
+    for values in itertools.product(range(2), repeat=len(names)):
+        data = {**dict(zip(names, map(torch.tensor, values))), "scale": scale}
+        log_joint.append(trace(substitute(tree, data=data)).get_trace(TREE).log_prob_sum())
+    z = scale.log().reshape(1, 1)
+    expected = -(torch.logsumexp(torch.stack(log_joint), 0) + z[0, 0])
+    torch.testing.assert_close(Potential(tree, (TREE,), compile=False)(z)[0], expected)
+
+
 def test_markov_keep_reuses_no_dims_and_gives_the_same_potential():
     y = torch.randn(8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     dims = _enumerated_dims(markov_chain, (y, 1, True))

@@ -646,3 +646,24 @@ def test_autonormal_guide():
         locs = [v for k, v in result.params.items() if "loc" in k]
     assert len(locs) == 1
     assert abs(float(locs[0]) - mean) < 0.15 * sd
+
+
+def test_a_model_whose_sites_change_after_the_first_step_is_refused_by_name():
+    # a loop over the data's length, called with longer data: the ELBO's plan of the sites
+    # is fixed on the first call, and the loss silently left the new observation out
+    def looped(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        for t in range(len(y)):
+            pt.sample(f"y{t}", dist.Normal(mu, 1.0), obs=y[t])
+
+    def point(y):
+        pt.sample("mu", dist.Delta(pt.param("loc", torch.tensor(0.0))))
+
+    for compile in (False, True):
+        svi = SVI(looped, point, pt.optim.SGD(lr=0.0), Trace_ELBO(), compile=compile)
+        # (five observations and the prior, each -log N(0 | 0, 1))
+        assert svi.step(torch.zeros(5)) == pytest.approx(6 * 0.5 * math.log(2 * math.pi))
+        with pytest.raises(ValueError, match=r"model ran other sample sites.*new: \['y5'\]"):
+            svi.step(torch.zeros(6))
+        with pytest.raises(ValueError, match=r"missing: \['y4'\].*new SVI"):
+            svi.step(torch.zeros(4))

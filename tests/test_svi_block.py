@@ -116,7 +116,7 @@ def branching_model(y):
     pt.sample("y", dist.Normal(mu, scale).expand([len(y)]).to_event(1), obs=y)
 
 
-@pytest.mark.parametrize("how", ["run", "step"])
+@pytest.mark.parametrize("how", ["run", "step", "both"])
 def test_a_step_that_cannot_be_one_graph_runs_eagerly_with_one_warning(how):
     # as the samplers do, and as Pyro's SVI runs every step: the results are compile=False's
     y = torch.linspace(-1.0, 3.0, 4)
@@ -129,8 +129,11 @@ def test_a_step_that_cannot_be_one_graph_runs_eagerly_with_one_warning(how):
             if how == "run":
                 first = svi.run(3, y, progress_bar=False).losses
                 second = svi.run(2, y, progress_bar=False).losses
-            else:
+            elif how == "step":
                 first = torch.tensor([svi.step(y) for _ in range(3)])
+                second = torch.tensor([svi.step(y) for _ in range(2)])
+            else:  # each its own block: the second does not try to compile again
+                first = svi.run(3, y, progress_bar=False).losses
                 second = torch.tensor([svi.step(y) for _ in range(2)])
         notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
         if compile:

@@ -233,6 +233,28 @@ class _CheckAgainstGuide(Messenger):
 
 
 # -- helpers for batched particles -------------------------------------------------------
+def _check_same_sites(plan: ELBOPlan, model_trace: Trace, guide_trace: Trace) -> None:
+    """Raise where the model or guide ran other sample sites than when the plan was made
+    (a loop over the data's length, called with longer data): the ELBO would leave the new
+    ones out, or fail on the missing ones."""
+    for who, tr, planned in (
+        ("model", model_trace, plan.model_sites),
+        ("guide", guide_trace, plan.guide_latents + plan.guide_factors),
+    ):
+        sites = [name for name, site in tr.items() if site.type == "sample"]
+        new = [n for n in sites if n not in planned]
+        gone = [n for n in planned if n not in tr]
+        if new or gone:
+            raise ValueError(
+                f"the {who} ran other sample sites than on the first call (new: "
+                f"{new[:5]}{' ...' if len(new) > 5 else ''}, missing: {gone[:5]}"
+                f"{' ...' if len(gone) > 5 else ''}): SVI and the ELBO fix their plan of "
+                f"the sites on the first call. Use a new SVI (and ELBO) for each set of "
+                f"sites (e.g. each sequence length), or pad the data to one length and "
+                f"mask it (pt.handlers.mask or obs_mask)"
+            )
+
+
 def _per_particle(x: torch.Tensor, pdim: int | None, num: int) -> torch.Tensor:
     """Sum ``x`` over everything but the particle dim: shape ``(num,)`` (or ``()``)."""
     if pdim is None:
@@ -468,10 +490,12 @@ class ELBO:
         num = self.num_particles
         if self.vectorize_particles or num == 1:
             model_trace, guide_trace = self._traces(model, guide, args, kwargs, plan)
+            _check_same_sites(plan, model_trace, guide_trace)
             return self._from_traces(model_trace, guide_trace, plan, state)
         surrogates, losses = [], []
         for _ in range(num):
             model_trace, guide_trace = self._traces(model, guide, args, kwargs, plan)
+            _check_same_sites(plan, model_trace, guide_trace)
             surrogate, loss, state = self._from_traces(model_trace, guide_trace, plan, state)
             surrogates.append(surrogate)
             losses.append(loss)

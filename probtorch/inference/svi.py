@@ -315,6 +315,16 @@ def _compile_options() -> dict:
         return {"options": {**inductor_base_options(), **_INDUCTOR_OPTIONS}}
 
 
+class _EagerSteps:
+    """Whether an SVI's steps run eagerly, shared by its blocks (one per number of steps
+    per call, in place or not): once Dynamo has refused the step, a new block does not
+    try again, nor warn again. ``allowed`` says whether a refusal may switch to eager."""
+
+    def __init__(self, allowed: Callable[[], bool] = lambda: True):
+        self.allowed = allowed
+        self.because: Exception | None = None
+
+
 class _ShapeKeyedBlock:
     """The block compiled by ``torch.compile`` once per set of argument shapes, each graph
     static (for :meth:`SVI.step`, and where the in-place block cannot be captured).
@@ -333,14 +343,18 @@ class _ShapeKeyedBlock:
         block: Callable,
         options: dict,
         restore: Callable[[], None],
-        may_run_eagerly: Callable[[], bool] = lambda: True,
+        eager: _EagerSteps | None = None,
     ):
         self.block = block
         self.options = options
         self.restore = restore
-        self.may_run_eagerly = may_run_eagerly
+        self.eager = _EagerSteps() if eager is None else eager
         self.compiled: dict = {}
-        self.eager_because: Exception | None = None  # Dynamo's error, once it runs eagerly
+
+    @property
+    def eager_because(self) -> Exception | None:
+        """Dynamo's error, once the steps run eagerly."""
+        return self.eager.because
 
     def __call__(self, *args):
         if self.eager_because is not None:
@@ -372,11 +386,11 @@ class _ShapeKeyedBlock:
                 raise eager_error from error
             finally:
                 self.restore()
-            if not self.may_run_eagerly():
+            if not self.eager.allowed():
                 raise _uncompilable(error) from error
             # the step runs eagerly: Python that reads values (`if z > 0:`) is what
             # Dynamo cannot capture, and it is what Pyro's SVI runs (as the samplers do)
-            self.eager_because = error
+            self.eager.because = error
             warn_at_caller(_eager_note(error))
             return self.block(*args)
 
@@ -614,6 +628,9 @@ class SVI:
         self._inputs_cache = (None, None)
         self._float_inputs: bool | None = None  # Python floats passed as tensors (None: untried)
         self._trying_floats = False  # the first call with them as tensors is running
+        # not while the floats are tried as tensors: that failure retries them as numbers,
+        # compiled (_first_call_with_float_inputs)
+        self._eager = _EagerSteps(allowed=lambda: not self._trying_floats)
         self._lifted_cache: tuple | None = None
         self._num_steps = 0  # steps taken, for messages
         self._initialized = True
@@ -810,9 +827,7 @@ class SVI:
                 svi_block,
                 options,
                 lambda: self._swap_modules(None),
-                # not while the floats are tried as tensors: that failure retries them as
-                # numbers, compiled (_first_call_with_float_inputs)
-                may_run_eagerly=lambda: not self._trying_floats,
+                self._eager,
             )
 
         enabled = os.environ.get("PROBTORCH_SVI_IN_PLACE", "1").strip().lower() not in _FALSE
