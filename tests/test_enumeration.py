@@ -356,7 +356,7 @@ def test_discrete_hmm_is_the_markov_loop_and_pyros_values_under_vmap_and_compile
 
     from probtorch.inference.compile import count_compiles
 
-    y = torch.randn(100, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    y = torch.randn(30, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     z = torch.tensor([[-0.2], [0.3], [0.0]], dtype=torch.float64)
     loop = Potential(markov_chain, (y,), compile=False).value_and_grad(z)
     with warnings.catch_warnings():
