@@ -242,7 +242,12 @@ def _check_same_sites(plan: ELBOPlan, model_trace: Trace, guide_trace: Trace) ->
         ("guide", guide_trace, plan.guide_latents + plan.guide_factors),
     ):
         sites = [name for name, site in tr.items() if site.type == "sample"]
-        new = [n for n in sites if n not in planned]
+        if len(sites) == len(planned) and all(
+            name in tr and tr[name].type == "sample" for name in planned
+        ):
+            continue  # (each eager step: one pass, no list searched per site)
+        known = set(planned)
+        new = [n for n in sites if n not in known]
         gone = [n for n in planned if n not in tr]
         if new or gone:
             raise ValueError(

@@ -139,16 +139,13 @@ class EnumerateSites(Messenger):
     than ``history`` steps back, where there is one. Every sample site's message gets the
     summed-out sites that hold the dims when it runs (``msg.extra["enum_vars"]``, dim ->
     :class:`Variable`), which its :class:`Factor` keeps. ``variables`` maps each site to
-    its :class:`Variable`; ``site_dims`` to its dim and ``sizes`` each dim to the support
-    size of the site that took it last, once the model has run.
+    its :class:`Variable` and ``supports`` to its values, once the model has run.
     """
 
     def __init__(self, names: Collection[str], first_dim: int):
         super().__init__()
         self.names = names
         self.first_dim = first_dim
-        self.sizes: dict[int, int] = {}
-        self.site_dims: dict[str, int] = {}
         self.supports: dict[str, torch.Tensor] = {}
         self.variables: dict[str, Variable] = {}
         self._holders: dict[int, Variable] = {}  # dim -> the site whose values lie along it
@@ -185,8 +182,6 @@ class EnumerateSites(Messenger):
         self._steps[variable.index] = steps
         self._holders[dim] = variable
         self._held = self._holders.copy()
-        self.sizes[dim] = size
-        self.site_dims[msg.name] = dim
         self.supports[msg.name] = support
 
     def _free_dim(self, steps: tuple) -> int:

@@ -897,7 +897,7 @@ class Potential:
         enumerate_ = EnumerateSites(remaining, -self.plate_nesting - 1)
         with nan_on_failure(), factors, enumerate_:
             substitute(self.model, data={**latent, **fixed})(*self._args, **self._kwargs)
-        dim = enumerate_.site_dims[name]
+        dim = enumerate_.variables[name].dim
         site = self.prototype_trace[name]
         plates = [frame.name for frame in site.cond_indep_stack]
         logits = sum_out(

@@ -343,12 +343,12 @@ class _ShapeKeyedBlock:
         block: Callable,
         options: dict,
         restore: Callable[[], None],
-        eager: _EagerSteps | None = None,
+        eager: _EagerSteps,
     ):
         self.block = block
         self.options = options
         self.restore = restore
-        self.eager = _EagerSteps() if eager is None else eager
+        self.eager = eager
         self.compiled: dict = {}
 
     @property
@@ -387,7 +387,7 @@ class _ShapeKeyedBlock:
             finally:
                 self.restore()
             if not self.eager.allowed():
-                raise _uncompilable(error) from error
+                raise error  # (the caller retries another way: floats as numbers)
             # the step runs eagerly: Python that reads values (`if z > 0:`) is what
             # Dynamo cannot capture, and it is what Pyro's SVI runs (as the samplers do)
             self.eager.because = error
@@ -408,12 +408,6 @@ def _shape_key(x) -> tuple:
     except TypeError:
         return (type(x),)
     return (type(x), x)
-
-
-def _uncompilable(error: Exception) -> RuntimeError:
-    """The error for a step that Dynamo cannot capture as one graph (where it may not
-    run eagerly)."""
-    return RuntimeError(f"SVI: the step cannot be compiled as one graph: {_eager_note(error)}")
 
 
 def _eager_note(error: Exception) -> str:
