@@ -93,8 +93,9 @@ def test_pointwise_log_likelihood_sums_the_discrete_sites_out_per_element():
 
 def test_discrete_draws_follow_their_conditional_distribution():
     """20,000 draws of (z1, z2) given one value of the scale, against the probabilities of
-    the 48 assignments by brute force: each frequency within 5 standard errors (the global
-    site is drawn first, then the local one given it)."""
+    the 48 assignments by brute force: each frequency within 5 standard errors (the local
+    sites are summed out first, so the global site is drawn first, then the local ones
+    given it)."""
     w, y = _nested_data()
     potential = Potential(nested, (w, y), compile=False)
     S, scale = 20000, torch.tensor(0.9, dtype=torch.float64)
@@ -477,6 +478,52 @@ def test_discrete_draws_and_the_best_path_of_a_markov_chain(history):
     best = potential.sample_discrete({"scale": scale.expand(1)}, temperature=0)
     path = tuple(int(best[f"z{t}"][0]) for t in range(len(y)))
     assert path == keys[int(torch.stack(log_joint).argmax())]
+
+
+def _smoothed_and_best(y, scale):
+    """Each state's marginal given ``y`` (forward-backward) and the most probable path
+    (Viterbi), for ``markov_chain`` with history 1."""
+    emit = dist.Normal(LOCS, scale).log_prob(y[:, None])  # (T, 3)
+    log_t = TRANSITIONS.log()
+    alpha, delta, back = [TRANSITIONS[0].log() + emit[0]], TRANSITIONS[0].log() + emit[0], []
+    for t in range(1, len(y)):
+        alpha.append(torch.logsumexp(alpha[-1][:, None] + log_t, 0) + emit[t])
+        back.append((delta[:, None] + log_t).argmax(0))
+        delta = (delta[:, None] + log_t).amax(0) + emit[t]
+    beta = [torch.zeros(3, dtype=y.dtype)]
+    for t in range(len(y) - 1, 0, -1):
+        beta.insert(0, torch.logsumexp(log_t + emit[t] + beta[0], 1))
+    marginals = torch.softmax(torch.stack(alpha) + torch.stack(beta), -1)
+    path = [int(delta.argmax())]
+    for pointers in reversed(back):
+        path.insert(0, int(pointers[path[0]]))
+    return marginals, path
+
+
+def test_a_long_chain_is_drawn_in_one_run_of_the_model():
+    """A 60-step chain: each state's frequency over 4,000 draws against forward-backward
+    (within 5 standard errors) and temperature 0 against Viterbi's path, with the model run
+    a fixed number of times, not once per state (backward sampling after one forward sum:
+    the cost is linear in the chain's length)."""
+    y = torch.randn(60, generator=torch.Generator().manual_seed(3), dtype=torch.float64) + 0.5
+    runs = []
+
+    def counted(y):
+        runs.append(None)
+        markov_chain(y)
+
+    potential = Potential(counted, (y,), compile=False)
+    S, scale = 4000, torch.tensor(0.8, dtype=torch.float64)
+    before = len(runs)
+    draws = potential.sample_discrete({"scale": scale.expand(S)}, seed=0)
+    assert len(runs) - before == 1
+    marginals, path = _smoothed_and_best(y, scale)
+    states = torch.stack([draws[f"z{t}"] for t in range(len(y))], -1).long()  # (S, T)
+    freq = torch.nn.functional.one_hot(states, 3).double().mean(0)
+    se = (marginals * (1 - marginals) / S).sqrt()
+    assert ((freq - marginals).abs() <= 5 * se + 1e-3).all(), ((freq - marginals).abs() / se).max()
+    best = potential.sample_discrete({"scale": scale.expand(2)}, temperature=0)
+    assert [int(best[f"z{t}"][1]) for t in range(len(y))] == path
 
 
 def test_trace_enum_elbo_sums_out_a_markov_chain():

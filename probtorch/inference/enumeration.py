@@ -56,6 +56,7 @@ __all__ = [
     "enumerable",
     "plate_nesting",
     "sum_out",
+    "draw_eliminated",
     "pointwise_log_likelihood",
 ]
 
@@ -330,11 +331,13 @@ def _sumproduct(
     sizes: dict[int, int],
     nesting: int,
     maximize: bool = False,
+    tape: list | None = None,
 ) -> _Term:
     """The log of the product of ``terms`` with the sites ``eliminate`` summed out, one at
     a time (variable elimination): each time the site whose terms make the smallest
     intermediate, so that a chain of sites (``z[t]`` drawn given ``z[t - 1]``) costs
-    linearly in its length, not exponentially."""
+    linearly in its length, not exponentially. Each site's joint term, before its sum, is
+    appended to ``tape`` as ``(site, its sites' dims, tensor)``, where one is given."""
     live = dict(enumerate(terms))  # term number -> term
     uses: dict[int, dict[int, None]] = {}  # site -> numbers of the terms it is in
     for number, term in live.items():
@@ -368,6 +371,8 @@ def _sumproduct(
         pending.remove(index)
         numbers = list(uses.pop(index))
         joint = _aligned([live.pop(n) for n in numbers], nesting)
+        if tape is not None:
+            tape.append((index, dict(joint.dims), joint.tensor))
         dim = joint.dims.pop(index)
         if maximize:  # max-product: the best assignment's log density (MAP decoding)
             reduced = torch.amax(joint.tensor, dim=dim, keepdim=True)
@@ -405,7 +410,9 @@ def _components(terms: list, indices: set[int], key=lambda t: t) -> list:
     return groups
 
 
-def _eliminate(tree: dict[frozenset, list], eliminate, sizes, frames, names, nesting, maximize):
+def _eliminate(
+    tree: dict[frozenset, list], eliminate, sizes, frames, names, nesting, maximize, tape=None
+):
     """Sum out every site in ``eliminate`` of a connected group of terms, leaf plates
     first; returns ``(ordinal, term)`` pairs with none of them left."""
     site_ordinal: dict[int, frozenset] = {}
@@ -426,7 +433,7 @@ def _eliminate(tree: dict[frozenset, list], eliminate, sizes, frames, names, nes
         terms = tree.pop(leaf)
         local = pending.pop(leaf, set())
         for group, indices in _components(terms, local):
-            term = _sumproduct(group, indices, sizes, nesting, maximize)
+            term = _sumproduct(group, indices, sizes, nesting, maximize, tape)
             left = set(term.dims)
             parents = [o for o, ds in pending.items() if ds & left]
             parent = frozenset.union(*parents) if parents else root
@@ -454,6 +461,7 @@ def sum_out(
     keep: Collection[str] = (),
     target: Collection[str] = (),
     maximize: bool = False,
+    tape: list[tuple[Variable, dict[int, int], torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """The log of the product of ``factors`` with the summed-out discrete sites (each
     factor's :attr:`Factor.variables`, left of the ``plate_nesting`` plate dimensions)
@@ -465,6 +473,12 @@ def sum_out(
     distribution of their values): the result then has each along its own dim
     (:attr:`Variable.dim`) and the plates' dims. With ``maximize``, the sites are maxed out
     instead of summed (max-product: the log density of the best assignment).
+
+    Where ``tape`` (a list) is given, each site summed out is appended to it as
+    ``(variable, dims, joint)``: ``joint`` is the log of the product of the terms that hold
+    the site when it is summed out, before the sum, and ``dims`` maps the summed-out sites
+    along its dims (the site's own and those summed out after it) to those dims, by
+    :attr:`Variable.index`. :func:`draw_eliminated` draws the sites from it.
     """
     ndim = max([plate_nesting] + [f.log_prob.dim() for f in factors])
     variables = {v.index: v for f in factors for v in f.variables.values()}
@@ -492,7 +506,12 @@ def sum_out(
         subtree: dict[frozenset, list] = {}
         for ordinal, term in group:
             subtree.setdefault(ordinal, []).append(term)
-        eliminated = _eliminate(subtree, eliminate, sizes, frames, names, plate_nesting, maximize)
+        steps: list | None = None if tape is None else []
+        eliminated = _eliminate(
+            subtree, eliminate, sizes, frames, names, plate_nesting, maximize, steps
+        )
+        if tape is not None:
+            tape.extend((variables[i], dims, joint) for i, dims, joint in steps)
         for ordinal, term in eliminated:
             results.append(_product(term, (frames[p] for p in ordinal)))
     if not results:
@@ -504,6 +523,58 @@ def sum_out(
     if not keep:
         return total.sum()
     return total.reshape(total.shape[total.dim() - plate_nesting :])
+
+
+def draw_eliminated(
+    steps: list[tuple[Variable, dict[int, int]]],
+    joints: list[torch.Tensor],
+    plate_nesting: int,
+    shapes: dict[str, tuple[int, ...]],
+    generator: torch.Generator | None = None,
+    maximize: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Draws of the summed-out sites from their joint distribution, from the ``tape`` of
+    :func:`sum_out`: its ``(variable, dims)`` as ``steps`` and its joints, each with one
+    leading dimension of draws, as ``joints``.
+
+    The sites are drawn in the reverse of the order they were summed out in, each from
+    its joint term at the values drawn for the sites summed out after it (those along
+    its other dims): backward sampling after a forward sum, as forward-filter
+    backward-sample draws a hidden Markov chain, so that the cost is linear in the number
+    of sites. With ``maximize`` (after a max-product ``sum_out``) each site takes its most
+    probable value instead, which gives the most probable joint assignment (Viterbi).
+    Returns each site's index into its support, shaped ``(draws, *shapes[name])``:
+    ``shapes`` gives each site's batch shape, padded on the left to the plate dims.
+    """
+    drawn: dict[int, torch.Tensor] = {}
+    result = {}
+    for (variable, dims), joint in zip(reversed(steps), reversed(joints)):
+        logits = joint
+        for index, dim in dims.items():
+            if index == variable.index:
+                continue
+            chosen = drawn[index]  # (draws, *plate dims)
+            chosen = chosen.reshape(
+                chosen.shape[:1] + (1,) * (logits.dim() - chosen.dim()) + chosen.shape[1:]
+            )
+            shape = list(torch.broadcast_shapes(logits.shape, chosen.shape))
+            shape[dim] = logits.shape[dim]
+            logits = logits.expand(shape)
+            shape[dim] = 1
+            logits = torch.gather(logits, dim, chosen.expand(shape))
+        logits = logits.movedim(dims[variable.index], -1)
+        draws = logits.shape[0]
+        plates = logits.shape[logits.dim() - 1 - plate_nesting : -1]
+        logits = logits.reshape((draws,) + plates + (variable.size,))
+        logits = logits.expand((draws,) + tuple(shapes[variable.name]) + (variable.size,))
+        if maximize:
+            index = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits.reshape(-1, variable.size), -1)
+            index = torch.multinomial(probs, 1, generator=generator).reshape(logits.shape[:-1])
+        drawn[variable.index] = index
+        result[variable.name] = index
+    return result
 
 
 def _enumerated_in(factor: Factor, nesting: int) -> bool:

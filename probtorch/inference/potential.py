@@ -14,7 +14,6 @@ compilation is switched off (``compile=False`` or ``PROBTORCH_COMPILE=0``).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from .enumeration import (
     CollectFactors,
     EnumerateSites,
     Factor,
+    draw_eliminated,
     enumerable,
     plate_nesting,
     pointwise_log_likelihood,
@@ -829,12 +829,14 @@ class Potential:
 
         ``values`` are constrained draws per continuous latent site with one leading batch
         dimension (``MCMC.get_samples()``); returns ``{site: (N, *site shape)}``
-        (``N = num_draws`` for a model without continuous latent sites). The sites
-        are drawn one after another, those in fewer plates first, each from its
-        distribution given the draws so far with the others summed out, so that together
-        they are a draw from their joint conditional distribution. ``temperature=0`` (as
-        Pyro's ``infer_discrete``) gives instead their most probable joint value given each
-        draw (max-product in place of the sums).
+        (``N = num_draws`` for a model without continuous latent sites). The model runs
+        once per draw with the sites summed out as for the log density, keeping each site's
+        joint term before its sum; the sites are then drawn in the reverse order, each
+        given the draws so far (:func:`~probtorch.inference.enumeration.draw_eliminated`),
+        so that together they are a draw from their joint conditional distribution, at a
+        cost linear in their number (a ``pt.markov`` chain's states, say).
+        ``temperature=0`` (as Pyro's ``infer_discrete``) gives instead their most probable
+        joint value given each draw (max-product in place of the sums).
 
         Example::
 
@@ -856,63 +858,39 @@ class Potential:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(int(torch.randint(0, 2**62, ()).item()) if seed is None else seed)
         latent = {name: values[name] for name in self.site_names}
-        order = list(self.prototype_trace)
-        fixed: dict[str, torch.Tensor] = {}
-        for name in sorted(
-            self.enumerated,
-            key=lambda n: (len(self.prototype_trace[n].cond_indep_stack), order.index(n)),
-        ):
-            single = functools.partial(
-                self._conditional_logits, name, self.enumerated - set(fixed), temperature == 0
-            )
-            with torch_validation(False):
-                if latent or fixed:
-                    logits, support = self._batch(single)(latent, fixed)
-                else:  # nothing varies from draw to draw yet
-                    logits, support = single(latent, fixed)
-                    logits = logits.expand((num_draws,) + logits.shape)
-                    support = support.expand((num_draws,) + support.shape)
-            flat_logits = logits.reshape(-1, logits.shape[-1])
-            if temperature == 0:
-                index = flat_logits.argmax(-1).reshape(logits.shape[0], -1)
-            else:
-                probs = torch.softmax(flat_logits, -1)
-                index = torch.multinomial(probs, 1, generator=generator)
-                index = index.reshape(logits.shape[0], -1)
-            event = support.shape[2:]
-            flat = support.reshape(support.shape[:2] + (-1,))  # (draws, n, event size)
-            chosen = index[..., None].expand(index.shape + flat.shape[-1:])
-            value = torch.gather(flat, 1, chosen)
-            fixed[name] = value.reshape(logits.shape[:-1] + event)
-        return fixed
+        maximize = temperature == 0
+        steps: list = []  # (variable, dims) of each site summed out, the same for every draw
+        supports: dict[str, torch.Tensor] = {}
 
-    def _conditional_logits(
-        self, name: str, remaining: frozenset[str], maximize: bool, latent: dict, fixed: dict
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """For one draw: the log probabilities (unnormalized) of site ``name``'s values,
-        shaped ``(*site batch shape, n)``, given ``latent``, ``fixed`` and the data, with the
-        ``remaining`` discrete sites but ``name`` summed out (maxed out with ``maximize``);
-        and its support ``(n, *event)``."""
-        factors = CollectFactors()
-        enumerate_ = EnumerateSites(remaining, -self.plate_nesting - 1)
-        with nan_on_failure(), factors, enumerate_:
-            substitute(self.model, data={**latent, **fixed})(*self._args, **self._kwargs)
-        dim = enumerate_.variables[name].dim
-        site = self.prototype_trace[name]
-        plates = [frame.name for frame in site.cond_indep_stack]
-        logits = sum_out(
-            factors.factors,
-            self.plate_nesting,
-            keep=plates,
-            target={name},
-            maximize=maximize,
-        ).movedim(dim, -1)
-        size = logits.shape[-1]
-        batch = tuple(site.fn.batch_shape)
-        padded = (1,) * (self.plate_nesting - len(batch)) + batch
-        logits = logits.reshape(logits.shape[-self.plate_nesting - 1 :]).expand(padded + (size,))
-        support = enumerate_.supports[name].reshape((size,) + tuple(site.fn.event_shape))
-        return logits.reshape(batch + (size,)), support
+        def joints(latent: dict) -> list[torch.Tensor]:
+            factors, enumerate_ = CollectFactors(), self._enumerate()
+            with nan_on_failure(), factors, enumerate_:
+                substitute(self.model, data=latent)(*self._args, **self._kwargs)
+            tape: list = []
+            sum_out(factors.factors, self.plate_nesting, maximize=maximize, tape=tape)
+            steps[:] = [(variable, dims) for variable, dims, _ in tape]
+            supports.update(enumerate_.supports)
+            return [joint for _, _, joint in tape]
+
+        with torch_validation(False):
+            if latent:
+                tensors = self._batch(joints)(latent)
+            else:  # nothing varies from draw to draw
+                tensors = [t.expand((num_draws,) + t.shape) for t in joints(latent)]
+        shapes = {}
+        for name in self.enumerated:
+            batch = tuple(self.prototype_trace[name].fn.batch_shape)
+            shapes[name] = (1,) * (self.plate_nesting - len(batch)) + batch
+        indices = draw_eliminated(
+            steps, tensors, self.plate_nesting, shapes, generator, maximize=maximize
+        )
+        drawn = {}
+        for name, index in indices.items():
+            site = self.prototype_trace[name]
+            batch, event = tuple(site.fn.batch_shape), tuple(site.fn.event_shape)
+            value = supports[name][index.reshape(-1)]
+            drawn[name] = value.reshape(index.shape[:1] + batch + event)
+        return {name: drawn[name] for name in self.prototype_trace if name in drawn}
 
     # -- diagnosis -------------------------------------------------------------------
     def nonfinite_sites(self, z: torch.Tensor) -> list[str]:
