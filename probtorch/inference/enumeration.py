@@ -362,12 +362,14 @@ def _sumproduct(
 
     for index in sorted(pending):
         cost[index] = cost_of(index)
+    # the cheapest site next (the lowest-numbered of equals): a heap of (cost, site), whose
+    # entries of sites summed out already or of older costs are skipped when they come up
+    heap = [(cost[index], index) for index in sorted(pending)]  # sorted: a heap already
     next_number = len(live)
     while pending:
-        index, best = None, None
-        for candidate in sorted(pending):  # (a loop, not min(key=): Dynamo traces it)
-            if best is None or cost[candidate] < best:
-                index, best = candidate, cost[candidate]
+        best, index = _heap_pop(heap)
+        if index not in pending or cost[index] != best:
+            continue
         pending.remove(index)
         numbers = list(uses.pop(index))
         joint = _aligned([live.pop(n) for n in numbers], nesting)
@@ -387,27 +389,75 @@ def _sumproduct(
         for other in sorted(joint.dims):
             if other in pending:
                 cost[other] = cost_of(other)
+                _heap_push(heap, (cost[other], other))
     return _aligned(list(live.values()), nesting)
+
+
+def _heap_push(heap: list, item: tuple) -> None:
+    """``heapq.heappush`` in Python: Dynamo cannot trace the C one."""
+    heap.append(item)
+    child = len(heap) - 1
+    while child > 0:
+        parent = (child - 1) // 2
+        if heap[parent] <= item:
+            break
+        heap[child] = heap[parent]
+        child = parent
+    heap[child] = item
+
+
+def _heap_pop(heap: list) -> tuple:
+    """``heapq.heappop`` in Python: Dynamo cannot trace the C one."""
+    last = heap.pop()
+    if not heap:
+        return last
+    top, size, parent = heap[0], len(heap), 0
+    while True:
+        child = 2 * parent + 1
+        if child >= size:
+            break
+        if child + 1 < size and heap[child + 1] < heap[child]:
+            child += 1
+        if last <= heap[child]:
+            break
+        heap[parent] = heap[child]
+        parent = child
+    heap[parent] = last
+    return top
 
 
 def _components(terms: list, indices: set[int], key=lambda t: t) -> list:
     """Partition ``terms`` into groups connected by shared sites among ``indices`` (``key``
-    gives a term's :class:`_Term`); returns ``(group, its sites)`` pairs in order."""
-    groups: list[tuple[list, set[int]]] = []
+    gives a term's :class:`_Term`); returns ``(group, its sites)`` pairs, in the order of
+    each group's first term. Union-find over the sites, so that a long chain's terms are
+    grouped in time linear in their number (merging sets of sites took quadratic time,
+    most of Dynamo's tracing of a 40-step ``pt.markov`` chain)."""
+    parent: dict[int, int] = {}
+
+    def root(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    sites_of = []
     for term in terms:
-        mine = set(key(term).dims) & indices
-        merged: tuple[list, set[int]] = ([], set())
-        kept = []
-        for group in groups:  # (by position: terms are tensors, which == cannot compare)
-            if group[1] & mine:
-                merged[0].extend(group[0])
-                merged[1].update(group[1])
-            else:
-                kept.append(group)
-        merged[0].append(term)
-        merged[1].update(mine)
-        groups = kept + [merged]
-    return groups
+        mine = [index for index in key(term).dims if index in indices]
+        for index in mine:
+            if index not in parent:
+                parent[index] = index
+        for index in mine[1:]:
+            a, b = root(mine[0]), root(index)
+            if a != b:
+                parent[b] = a
+        sites_of.append(mine)
+    groups: dict[object, tuple[list, list]] = {}
+    for number, (term, mine) in enumerate(zip(terms, sites_of)):
+        # a term without such sites is a group of its own
+        group = groups.setdefault(root(mine[0]) if mine else -1 - number, ([], []))
+        group[0].append(term)
+        group[1].extend(mine)
+    return [(members, set(sites)) for members, sites in groups.values()]
 
 
 def _eliminate(
