@@ -915,6 +915,28 @@ def test_discrete_draws_of_a_model_without_continuous_latent_sites():
     assert ((freq - exact).abs() <= 5 * (exact * (1 - exact) / S).sqrt()).all()
 
 
+def test_discrete_draws_of_a_model_that_reads_latent_values_in_python():
+    """vmap cannot batch ``float(loc)``: the draws are then made one draw at a time, as the
+    log likelihood is (this raised vmap's .item() error)."""
+
+    def model(y):
+        loc = pt.sample("loc", dist.Normal(0.0, 3.0))
+        sign = 1.0 if float(loc) > 0 else -1.0
+        with pt.plate("n", y.shape[0]):
+            z = pt.sample("z", dist.Bernoulli(0.5))
+            pt.sample("y", dist.Normal(sign * torch.where(z > 0, loc, -loc), 1.0), obs=y)
+
+    y, S = torch.tensor([-1.0, 0.2, 1.5]), 800
+    potential = Potential(model, (y,), compile=False)
+    locs = torch.tensor([1.0, -1.0]).repeat_interleave(S)
+    z = potential.sample_discrete({"loc": locs}, seed=0)["z"]
+    assert z.shape == (2 * S, 3)
+    up, down = dist.Normal(1.0, 1.0).log_prob(y).exp(), dist.Normal(-1.0, 1.0).log_prob(y).exp()
+    exact = up / (up + down)  # the same for loc = -1: sign * loc is 1 either way
+    for freq in (z[:S].mean(0), z[S:].mean(0)):
+        assert ((freq - exact).abs() <= 5 * (exact * (1 - exact) / S).sqrt()).all()
+
+
 def test_deterministic_sites_of_summed_out_values_are_left_out_with_a_warning():
     """They have no value per draw (they took the whole support's shape, and
     to_inference_data named that dim after a plate); Predictive(infer_discrete=True)

@@ -792,15 +792,20 @@ class Potential:
         was = is_validation_enabled()
         enable_validation(False)  # per-draw values need no re-checking
         try:
-            if not self.chains_looped:
-                try:
-                    return torch.func.vmap(single)(latent)
-                except RuntimeError as error:
-                    if _unbatchable(str(error)) is None:
-                        raise
-            return _loop_over_chains(single)(latent)  # a model vmap cannot batch
+            return self._per_draw(single, latent)
         finally:
             enable_validation(was)
+
+    def _per_draw(self, fn: Callable, latent: dict):
+        """``fn`` of one draw's latent values, for a batch of draws: by ``vmap``, or a loop
+        over the draws for a model ``vmap`` cannot batch (outputs stacked)."""
+        if not self.chains_looped:
+            try:
+                return torch.func.vmap(fn)(latent)
+            except RuntimeError as error:
+                if _unbatchable(str(error)) is None:
+                    raise
+        return _loop_over_chains(fn)(latent)
 
     def _enumerated_log_likelihood(self, latent: dict) -> dict[str, torch.Tensor]:
         """:meth:`log_likelihood` for one draw of a model with enumerated sites: each
@@ -874,7 +879,7 @@ class Potential:
 
         with torch_validation(False):
             if latent:
-                tensors = self._batch(joints)(latent)
+                tensors = self._per_draw(joints, latent)
             else:  # nothing varies from draw to draw
                 tensors = [t.expand((num_draws,) + t.shape) for t in joints(latent)]
         shapes = {}
