@@ -246,6 +246,7 @@ class condition(Messenger):
         value = self.data[msg.name]
         msg.value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
         msg.is_observed = True
+        msg.extra["conditioned"] = True  # fixed by the user: Predictive keeps the value
 
 
 class block(Messenger):

@@ -860,6 +860,9 @@ def test_sequential_enumeration_is_refused_by_name():
     )
     with pytest.raises(ValueError, match=r"'k'.*'enumerate': 'sequential'.*'parallel'"):
         Potential(model, compile=False)
+    with pytest.raises(ValueError, match=r"'k'.*not sampled by the guide.*'enumerate': "
+                       r"'sequential'.*TraceEnum_ELBO.*parallel"):  # fmt: skip
+        TraceEnum_ELBO().loss(model, lambda: pt.sample("scale", dist.LogNormal(0.0, 1.0)))
 
 
 def test_an_undeclared_batch_dimension_is_refused_with_the_site_and_dim():

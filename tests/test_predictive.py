@@ -66,6 +66,21 @@ def test_observations_are_resampled():
     assert ((out["y"] + 3.0).abs() < 5 * NOISE).all()
 
 
+@pytest.mark.parametrize("parallel", [None, False])
+def test_values_fixed_by_condition_are_kept(parallel):
+    """As in Pyro and NumPyro: a latent fixed with pt.handlers.condition keeps its value in
+    the prior and posterior predictive (it was drawn from its prior), while the model's own
+    observations are still drawn."""
+    fixed = pt.handlers.condition(model, data={"mu": torch.tensor(3.0)})
+    out = Predictive(fixed, num_samples=2000, parallel=parallel)(5, seed=0)
+    assert torch.equal(out["mu"], torch.full((2000,), 3.0))
+    assert out["y"].mean().item() == pytest.approx(3.0, abs=4 * NOISE / math.sqrt(2000 * 5))
+    assert out["y"].std().item() == pytest.approx(NOISE, rel=0.05)
+    y = torch.full((5,), 100.0)
+    out = Predictive(fixed, num_samples=50, parallel=parallel)(5, y, seed=0)
+    assert (out["y"] - 3.0).abs().max() < 6 * NOISE  # y drawn, not the data
+
+
 def test_obs_broadcast_without_plate_keeps_data_shape():
     def m(y=None):
         mu = pt.sample("mu", dist.Normal(0.0, 1.0))

@@ -426,16 +426,24 @@ class ELBO:
                     continue
                 site = model_trace[name]
                 summable = enumerable(site)
+                how = site.infer.get("enumerate")
+                if summable:
+                    advice = (
+                        f". A discrete site the guide leaves out is summed out of the "
+                        f"model by TraceEnum_ELBO (as in Pyro), not by {type(self).__name__}"
+                    )
+                elif how is not None and site.fn.support.is_discrete:
+                    advice = (
+                        f". Its infer={{'enumerate': {how!r}}} asks for an enumeration that "
+                        f"probtorch does not do: TraceEnum_ELBO sums out discrete sites the "
+                        f"guide leaves out in parallel (make it 'parallel' or remove it)"
+                    )
+                else:
+                    advice = ""
                 raise ValueError(
                     f"latent site {name!r} of the model ({type(site.fn).__name__})"
                     f" is not sampled by the guide; the guide must sample every latent site "
-                    f"of the model (or observe the site in the model with obs=)"
-                    + (
-                        f". A discrete site the guide leaves out is summed out of the "
-                        f"model by TraceEnum_ELBO (as in Pyro), not by {type(self).__name__}"
-                        if summable
-                        else ""
-                    )
+                    f"of the model (or observe the site in the model with obs=)" + advice
                 )
         for name in guide_latents:
             site = guide_trace[name]

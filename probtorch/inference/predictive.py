@@ -1,7 +1,8 @@
 """``Predictive``: prior and posterior predictive draws, batched over samples.
 
 The model runs with its observations removed (every observed sample site is drawn from its
-distribution instead; ``factor`` sites are left alone), and with its latent sites
+distribution instead; ``factor`` sites and values fixed by ``pt.handlers.condition`` are
+left alone), and with its latent sites
 substituted by posterior draws: given ones (e.g. ``MCMC.get_samples()``), or draws from a
 guide and its fitted params. With no draws at all it gives the prior predictive.
 
@@ -45,6 +46,8 @@ _PARTICLE_PLATE = "_num_predictive_samples"
 
 class _uncondition(Messenger):
     """Drop the observations of observed sample sites (not factors): they are drawn instead.
+    Values fixed with ``pt.handlers.condition`` are kept, as Pyro's and NumPyro's
+    ``Predictive`` keep them (a hyperparameter fixed before fitting, say).
 
     A distribution whose observation broadcast it to a larger batch shape is expanded to
     that shape, so that the draws have the shape of the data.
@@ -52,6 +55,8 @@ class _uncondition(Messenger):
 
     def process_message(self, msg: Message) -> None:
         if msg.type != "sample" or not msg.is_observed or msg.infer.get("is_auxiliary"):
+            return
+        if msg.extra.get("conditioned"):
             return
         obs = msg.value
         if isinstance(obs, torch.Tensor):
