@@ -291,6 +291,33 @@ def test_guide_support_outside_the_model_support():
         Trace_ELBO().loss(_model3, guide)
 
 
+def test_a_delta_guide_is_checked_by_its_value():
+    """Pyro's MAP guide of a constrained latent: a Delta (nominally real-valued) at a
+    positive or simplex param is accepted, as in Pyro; a Delta at a value outside the
+    model's support is still refused."""
+
+    def model():
+        pt.sample("s", dist.LogNormal(0.0, 1.0))
+        pt.sample("p", dist.Dirichlet(torch.ones(3)))
+
+    def guide(s_init=1.0):
+        s = pt.param("s_map", torch.tensor(s_init), constraint=constraints.positive)
+        p = pt.param("p_map", torch.ones(3) / 3, constraint=constraints.simplex)
+        pt.sample("s", dist.Delta(s))
+        pt.sample("p", dist.Delta(p, event_dim=1))
+
+    expected = -(dist.LogNormal(0.0, 1.0).log_prob(torch.tensor(1.0)) + math.log(2.0))
+    with pt.param_scope(pt.ParamStore()):
+        assert Trace_ELBO().loss(model, guide) == pytest.approx(float(expected), rel=1e-6)
+
+    def outside():
+        pt.sample("s", dist.Delta(torch.tensor(-1.0)))
+        pt.sample("p", dist.Delta(torch.ones(3) / 3, event_dim=1))
+
+    with pytest.raises(ValueError, match=r"site 's': the guide's Delta.*model's LogNormal"):
+        Trace_ELBO().loss(model, outside)
+
+
 def test_guide_support_inside_the_model_support_is_fine():
     def guide(x=None):
         pt.sample("scale", dist.LogNormal(0.0, 1.0))  # (0, inf) inside [0, inf)

@@ -185,7 +185,10 @@ def _check_pair(name: str, guide_site: Message, model_site: Message) -> None:
     except NotImplementedError:
         g_support = m_support = None
     if g_support is not None:
-        inside = _support_inside(g_support, m_support)
+        # a Delta's support is nominal (real): its value is its only point, as in Pyro's
+        # MAP guides of a constrained latent (Delta(pt.param(..., constraint=positive)))
+        point_mass = isinstance(innermost(guide_fn), pyro_dist.Delta)
+        inside = None if point_mass else _support_inside(g_support, m_support)
         if inside is None and not constraints.is_dependent(m_support):
             inside = bool(torch.all(m_support.check(guide_site.value)))
         if inside is False:
