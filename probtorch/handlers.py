@@ -32,7 +32,11 @@ __all__ = [
 def site_log_prob(site: Message, apply_scale: bool = True, fn=None) -> torch.Tensor:
     """Log density of one sample site, broadcast over its plates, masked and scaled
     (``fn``: another distribution to evaluate it with, one that broadcasts to the site's)."""
-    log_prob = (site.fn if fn is None else fn).log_prob(site.value)
+    fn = site.fn if fn is None else fn
+    if torch.distributions.Distribution._validate_args:
+        log_prob = fn.log_prob(site.value)
+    else:  # validation is off here (inference): also for distributions built with it on
+        log_prob = _unvalidated_log_prob(fn, site.value)
     if site.mask is not None and site.mask is not True:
         mask = site.mask
         if mask is False:
@@ -42,6 +46,29 @@ def site_log_prob(site: Message, apply_scale: bool = True, fn=None) -> torch.Ten
     if apply_scale and site.scale is not None:
         log_prob = site.scale * log_prob
     return log_prob
+
+
+def _unvalidated_log_prob(fn, value: torch.Tensor) -> torch.Tensor:
+    """``fn.log_prob(value)`` without the checks of value that ``fn`` and the distributions
+    it wraps would make because they were built while validation was on (a prior built
+    once outside the model, Pyro's ``PyroSample(prior)``): their data-dependent branch
+    cannot be compiled, and inference runs with validation off after checking each site
+    once."""
+    validating = []
+    inner = fn
+    while inner is not None:
+        if getattr(inner, "_validate_args", False):  # set on the instance
+            validating.append(inner)
+        inner = getattr(inner, "base_dist", None)
+    if not validating:
+        return fn.log_prob(value)
+    for inner in validating:
+        inner._validate_args = False
+    try:
+        return fn.log_prob(value)
+    finally:
+        for inner in validating:
+            inner._validate_args = True
 
 
 class Trace(OrderedDict):

@@ -667,3 +667,38 @@ def test_a_model_whose_sites_change_after_the_first_step_is_refused_by_name():
             svi.step(torch.zeros(6))
         with pytest.raises(ValueError, match=r"missing: \['y4'\].*new SVI"):
             svi.step(torch.zeros(4))
+
+
+def test_a_prior_built_with_validation_on_is_compiled_and_keeps_its_setting():
+    """A distribution built once outside the model (Pyro's ``PyroSample(prior)``) keeps
+    torch's ``validate_args=True``; its check of values branched on data, so SVI and NUTS
+    ran eagerly. Inference now evaluates it without the check, and leaves it as it was."""
+    from probtorch.inference import MCMC, NUTS
+    from probtorch.inference.autoguide import AutoNormal
+
+    prior = dist.Normal(0.0, 1.0, validate_args=True).expand([3]).to_event(1)
+    x = torch.randn(40, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -0.5, 0.3], dtype=torch.float64) + 0.1
+
+    def model(x, y):
+        w = pt.sample("w", prior)
+        with pt.plate("n", x.shape[0]):
+            pt.sample("y", dist.Normal(x @ w, 0.5), obs=y)
+
+    def fit(compile):
+        svi = SVI(model, AutoNormal(model), pt.optim.Adam(lr=0.05), Trace_ELBO(), seed=1,
+                  compile=compile)  # fmt: skip
+        return svi.run(5, x, y, progress_bar=False).losses
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with count_compiles() as stats:
+            compiled = fit(True)
+        assert stats.graph_breaks == 0 and stats.graphs == 1
+        mcmc = MCMC(NUTS(model), num_warmup=20, num_samples=10, seed=0, progress_bar=False)
+        mcmc.run(x, y)
+    assert not [w for w in caught if "eagerly" in str(w.message)]
+    torch.testing.assert_close(compiled, fit(False), rtol=1e-10, atol=1e-10)
+    assert prior._validate_args and prior.base_dist._validate_args
+    with pytest.raises(ValueError, match="support"):  # still checked outside inference
+        prior.log_prob(torch.tensor([0.0, float("nan"), 0.0]))
