@@ -26,6 +26,8 @@ __all__ = [
     "mask",
     "do",
     "reparam",
+    "infer_config",
+    "config_enumerate",
 ]
 
 
@@ -426,6 +428,73 @@ class mask(Messenger):
             msg.mask = msg.mask and self.mask
         else:
             msg.mask = torch.as_tensor(msg.mask) & torch.as_tensor(self.mask)
+
+
+class infer_config(Messenger):
+    """Update each latent sample site's ``infer`` dict with ``config_fn(msg)`` (Pyro's
+    ``poutine.infer_config``).
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     pt.sample("k", dist.Bernoulli(0.5))
+        >>> marked = pt.handlers.infer_config(model, lambda msg: {"enumerate": "parallel"})
+        >>> pt.handlers.trace(pt.handlers.seed(marked, 0)).get_trace()["k"].infer
+        {'enumerate': 'parallel'}
+    """
+
+    def __init__(self, fn: Callable | None = None, config_fn: Callable | None = None):
+        super().__init__(fn)
+        if config_fn is None:
+            raise TypeError("infer_config needs config_fn, a function msg -> dict")
+        self.config_fn = config_fn
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type == "sample" and not msg.is_observed:
+            msg.infer = {**msg.infer, **self.config_fn(msg)}  # (not the caller's dict)
+
+
+def config_enumerate(
+    fn: Callable | None = None, default: str = "parallel", expand: bool = False, **options
+):
+    """Mark every discrete latent site of ``fn`` whose values can be listed
+    (``has_enumerate_support``) ``infer={"enumerate": default}``, unless it is marked
+    already (Pyro's ``config_enumerate``; a decorator, with or without arguments).
+
+    TraceEnum_ELBO then takes the exact expectation over such a guide site's values, and
+    sums such model sites out (as it does unmarked ones, as HMC/NUTS do). Only parallel
+    enumeration is done: a site marked ``"sequential"`` is refused by name where it is
+    enumerated. ``expand`` is accepted for Pyro's signature; values are never expanded.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> @pt.handlers.config_enumerate
+        ... def guide():
+        ...     pt.sample("k", dist.Categorical(torch.ones(3) / 3))
+        ...     pt.sample("x", dist.Normal(0.0, 1.0))
+        >>> tr = pt.handlers.trace(pt.handlers.seed(guide, 0)).get_trace()
+        >>> tr["k"].infer, tr["x"].infer
+        ({'enumerate': 'parallel'}, {})
+    """
+    if options:
+        unknown = sorted(options)
+        hint = " (Monte Carlo enumeration is not done)" if "num_samples" in options else ""
+        raise NotImplementedError(f"config_enumerate: options {unknown} are not supported{hint}")
+    if default not in ("parallel", "sequential", None):
+        raise ValueError(
+            f"config_enumerate: default must be 'parallel', 'sequential' or None, got {default!r}"
+        )
+    if fn is None:
+        return lambda fn: config_enumerate(fn, default=default, expand=expand)
+
+    def config(msg: Message) -> dict:
+        if not getattr(msg.fn, "has_enumerate_support", False):
+            return {}
+        return {"enumerate": msg.infer.get("enumerate", default)}
+
+    return infer_config(fn, config)
 
 
 class do(Messenger):

@@ -322,6 +322,9 @@ def test_summaries_need_setup_and_params():
         _run_guide(guide, y)
     with pytest.raises(KeyError, match="params has no entry 'auto.loc.mu'"):
         guide.median(params={})
+    with pytest.raises(TypeError, match=r"params must be a dict.*got Tensor.*Pyro's "
+                       r"guide.median\(\*model_args\).*guide.median\(\)"):  # fmt: skip
+        guide.median(y)  # Pyro's call, with the model's arguments
     with pytest.raises(KeyError, match="fit the guide first"):
         guide.median()  # the default store is empty
 

@@ -703,6 +703,39 @@ def test_trace_enum_elbo_takes_the_expectation_over_enumerated_guide_sites_exact
                 torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_config_enumerate_marks_the_guide_as_pyros_does():
+    """``@config_enumerate`` on a guide whose label is unmarked: the same exact loss as the
+    marked guide; its continuous site is left unmarked, and a site marked otherwise keeps
+    its mark (refused by name, as sequential enumeration is not done)."""
+    from probtorch.inference import config_enumerate
+
+    x = torch.tensor([-1.2, 0.4, 0.6, 2.2], dtype=torch.float64)
+
+    @config_enumerate
+    def unmarked(x):
+        logits = pt.param("logits", LOGITS.clone())
+        locs = pt.param("locs", Z_LOCS.clone())
+        with pt.plate("data", x.shape[0]):
+            y = pt.sample("y", dist.Categorical(logits=logits))
+            pt.sample("z", dist.Delta(locs[torch.arange(x.shape[0]), y]))
+
+    with pt.param_scope(pt.ParamStore()):
+        loss = TraceEnum_ELBO().loss(labelled_model, unmarked, x)
+        tr = pt.handlers.trace(pt.handlers.seed(unmarked, 0)).get_trace(x)
+    with pt.param_scope(pt.ParamStore()):
+        assert loss == pytest.approx(TraceEnum_ELBO().loss(labelled_model, enumerating_guide, x))
+    assert tr["y"].infer == {"enumerate": "parallel"} and tr["z"].infer == {}
+
+    def sequential(x):
+        pt.sample("y", dist.Categorical(logits=LOGITS[0]), infer={"enumerate": "sequential"})
+
+    assert pt.handlers.trace(pt.handlers.seed(config_enumerate(sequential), 0)).get_trace(x)[
+        "y"
+    ].infer == {"enumerate": "sequential"}
+    with pytest.raises(NotImplementedError, match=r"\['num_samples'\].*Monte Carlo"):
+        config_enumerate(sequential, num_samples=10)
+
+
 def test_an_enumerated_guide_in_a_subsampled_plate_is_scaled_as_its_terms_are():
     x = torch.tensor([-1.2, 0.4, 0.6, 2.2], dtype=torch.float64)
     idx = torch.tensor([3, 1])

@@ -1,5 +1,6 @@
 """Inference: model -> potential, MCMC (NUTS/HMC), SVI (ELBOs, autoguides), Predictive."""
 
+from ..handlers import config_enumerate
 from . import autoguide
 from .elbo import RenyiELBO, Trace_ELBO, TraceEnum_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
 from .init_strategies import (
@@ -35,5 +36,6 @@ __all__ = [
     "TraceGraph_ELBO",
     "RenyiELBO",
     "Predictive",
+    "config_enumerate",
     "autoguide",
 ]

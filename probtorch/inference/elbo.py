@@ -587,8 +587,9 @@ class TraceEnum_ELBO(ELBO):
     ``infer={"enumerate": "parallel"}``; it needs a finite support. An autoguide leaves
     such sites out when built on ``pt.handlers.block(model, hide=[...])``.
 
-    A discrete guide site marked ``infer={"enumerate": "parallel"}`` (Pyro's
-    ``config_enumerate``; a semi-supervised VAE's label) takes all its values at once, and
+    A discrete guide site marked ``infer={"enumerate": "parallel"}``
+    (``pt.handlers.config_enumerate`` marks them all, as Pyro's; a semi-supervised VAE's
+    label) takes all its values at once, and
     each term of ``log p - log q`` that depends on it is weighted by its guide probability:
     the expectation over it is exact, its gradient too. A guide that enumerates cannot be
     combined with discrete model sites summed out in one ELBO; unmarked discrete guide
@@ -635,10 +636,11 @@ class TraceEnum_ELBO(ELBO):
             if site.fn.support.is_discrete:
                 raise ValueError(
                     f"guide site {name!r} is discrete ({type(site.fn).__name__}) and not "
-                    f"enumerated: mark it infer={{'enumerate': 'parallel'}} (Pyro's "
-                    f"config_enumerate) and TraceEnum_ELBO takes the expectation over its "
-                    f"values exactly; or leave it out of the guide, and TraceEnum_ELBO sums "
-                    f"it out of the model (for an autoguide, build it on "
+                    f"enumerated: mark it infer={{'enumerate': 'parallel'}} (or decorate "
+                    f"the guide with pt.handlers.config_enumerate) and TraceEnum_ELBO takes "
+                    f"the expectation over its values exactly; or leave it out of the "
+                    f"guide, and TraceEnum_ELBO sums it out of the model (for an autoguide, "
+                    f"build it on "
                     f"pt.handlers.block(model, hide=[{name!r}])); or use TraceGraph_ELBO"
                 )
             drawn.append(name)

@@ -359,6 +359,14 @@ class AutoGuide:
 
     def _lookup_params(self, params: dict | None) -> dict[str, torch.Tensor]:
         """Params by short name from ``params`` (full names) or the active param store."""
+        if params is not None and not hasattr(params, "keys"):
+            raise TypeError(
+                f"{type(self).__name__}: params must be a dict of the guide's params by name "
+                f"(SVI's result.params) or None for the fitted ones, got "
+                f"{type(params).__name__}. Pyro's guide.median(*model_args) and "
+                f"quantiles(qs, *model_args) take the model's arguments: here the guide, "
+                f"once set up (by SVI or a call guide(*args)), needs none: guide.median()"
+            )
         if self._fixed_params is not None:
             return dict(self._fixed_params)
         values = {}
