@@ -81,6 +81,26 @@ def test_values_fixed_by_condition_are_kept(parallel):
     assert (out["y"] - 3.0).abs().max() < 6 * NOISE  # y drawn, not the data
 
 
+@pytest.mark.parametrize("parallel", [None, False])
+def test_the_models_return_value_is_returned_as_pyros_RETURN(parallel):
+    x = torch.tensor([1.0, 2.0, -1.0])
+
+    def line(x, y=None):
+        slope = pt.sample("slope", dist.Normal(0.0, 1.0))
+        with pt.plate("data", x.shape[0]):
+            pt.sample("y", dist.Normal(slope * x, NOISE), obs=y)
+        return slope * x
+
+    slopes = torch.tensor([0.5, -2.0, 3.0])
+    predictive = Predictive(line, {"slope": slopes}, return_sites=["_RETURN", "y"],
+                            parallel=parallel)  # fmt: skip
+    out = predictive(x, seed=0)
+    torch.testing.assert_close(out["_RETURN"], slopes[:, None] * x)
+    assert out["y"].shape == (3, 3)
+    with pytest.raises(TypeError, match=r"'_RETURN'.*returned a NoneType"):
+        Predictive(model, {"mu": slopes}, return_sites=["_RETURN"], parallel=parallel)(3)
+
+
 def test_obs_broadcast_without_plate_keeps_data_shape():
     def m(y=None):
         mu = pt.sample("mu", dist.Normal(0.0, 1.0))

@@ -33,7 +33,7 @@ import torch
 
 from .._caller import warn_at_caller
 from ..handlers import Trace, seed, substitute, trace
-from ..primitives import plate
+from ..primitives import deterministic, plate
 from ..runtime import Message, Messenger
 from ..validation import num_event_dims
 from .autoguide.base import AutoGuide
@@ -42,6 +42,7 @@ from .potential import Potential
 __all__ = ["Predictive"]
 
 _PARTICLE_PLATE = "_num_predictive_samples"
+_RETURN = "_RETURN"  # in return_sites: the model's return value, as in Pyro
 
 
 class _uncondition(Messenger):
@@ -177,9 +178,10 @@ class Predictive:
         params: ``{name: constrained value}`` of the guide's (and the model's) params, e.g.
             SVI's ``result.params``. Without it, params are read from the active store.
         num_samples: the number of draws; required without ``posterior_samples``.
-        return_sites: the sites to return (latent, observed or deterministic). By default,
-            as in NumPyro, the sample sites that are not in the posterior draws (observed
-            sites, and latent ones the draws lack) and all deterministic sites.
+        return_sites: the sites to return (latent, observed or deterministic; ``"_RETURN"``
+            for the model's return value, a tensor, as in Pyro). By default, as in NumPyro,
+            the sample sites that are not in the posterior draws (observed sites, and
+            latent ones the draws lack) and all deterministic sites.
         parallel: ``True`` runs the model once for all samples (see the module docs) and
             raises where the model does not batch; ``False`` runs it once per sample; the
             default ``None`` batches where the model allows and loops otherwise.
@@ -313,7 +315,10 @@ class Predictive:
 
     # -- the model ---------------------------------------------------------------------
     def _predict(self, samples, args, kwargs) -> dict[str, torch.Tensor]:
-        model = _uncondition(self.model)
+        model = self.model
+        if self.return_sites is not None and _RETURN in self.return_sites:
+            model = _record_return(model)
+        model = _uncondition(model)
         if self.params is not None:
             model = substitute(model, data=self.params)
         first = {name: value[0] for name, value in samples.items()}
@@ -344,6 +349,24 @@ class Predictive:
                 f"its sites are {list(sites)}"
             )
         return list(self.return_sites)
+
+
+def _record_return(model: Callable) -> Callable:
+    """``model`` with its return value recorded as the deterministic site ``"_RETURN"``
+    (Pyro's name for it in ``return_sites``)."""
+
+    def recorded(*args, **kwargs):
+        value = model(*args, **kwargs)
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"return_sites has {_RETURN!r}, the model's return value, but the model "
+                f"returned a {type(value).__name__}: return a tensor (or record each value "
+                f"with pt.deterministic)"
+            )
+        deterministic(_RETURN, value)
+        return value
+
+    return recorded
 
 
 def _seed(rng_seed: int) -> seed:
