@@ -227,15 +227,17 @@ def test_seed_reproducibility():
 
 def test_print_summary(vector_run, capsys):
     mcmc = vector_run[0]
-    mcmc.print_summary()
+    mcmc.print_summary(exclude_deterministic=False)
     out = capsys.readouterr().out
     divergences = int(mcmc.get_extra_fields()["diverging"].sum())
     for text in ("loc[0]", "loc[2]", "scale", "loc_sum", "scaled[1]", "n_eff", "r_hat",
                  "mean", "std", f"Number of divergences: {divergences}"):  # fmt: skip
         assert text in out, text
-    mcmc.print_summary(exclude_deterministic=True)  # as NumPyro's option
+    mcmc.print_summary()  # NumPyro's default: the latent sites
     out = capsys.readouterr().out
     assert "loc[2]" in out and "scale" in out and "loc_sum" not in out and "scaled" not in out
+    mcmc.summary()  # Pyro's: every site
+    assert "loc_sum" in capsys.readouterr().out
 
 
 def test_pyro_summary_and_diagnostics(capsys):
@@ -246,7 +248,7 @@ def test_pyro_summary_and_diagnostics(capsys):
     mcmc.run(_vector_data(), extra_fields=("accept_prob",))
     mcmc.summary(prob=0.8)
     summary = capsys.readouterr().out
-    mcmc.print_summary(prob=0.8)
+    mcmc.print_summary(prob=0.8, exclude_deterministic=False)
     assert summary == capsys.readouterr().out and "10%" in summary
     d = mcmc.diagnostics()
     draws = mcmc.get_samples(group_by_chain=True)

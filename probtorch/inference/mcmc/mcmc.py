@@ -417,9 +417,10 @@ class MCMC:
             return {k: v.clone() for k, v in fields.items()}
         return {k: v.flatten().clone() for k, v in fields.items()}
 
-    def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = False) -> None:
-        """Mean, sd, quantiles, bulk ESS and R-hat per scalar, and the divergence count;
-        with ``exclude_deterministic`` (NumPyro's option) the latent sites only."""
+    def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = True) -> None:
+        """Mean, sd, quantiles, bulk ESS and R-hat per scalar, and the divergence count:
+        of the latent sites, and of the deterministic ones too with
+        ``exclude_deterministic=False`` (NumPyro's option and default)."""
         self._require_run()
         samples = self._samples
         if exclude_deterministic:
@@ -429,8 +430,8 @@ class MCMC:
         print(f"\nNumber of divergences: {int(self._stats['diverging'].sum())}")
 
     def summary(self, prob: float = 0.9) -> None:
-        """Pyro's name for :meth:`print_summary`."""
-        self.print_summary(prob=prob)
+        """Pyro's name for :meth:`print_summary`, of every recorded site."""
+        self.print_summary(prob=prob, exclude_deterministic=False)
 
     def diagnostics(self) -> dict:
         """Pyro's ``MCMC.diagnostics()``: per site its bulk ``n_eff`` and ``r_hat`` (ArviZ's;
