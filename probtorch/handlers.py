@@ -34,11 +34,7 @@ __all__ = [
 def site_log_prob(site: Message, apply_scale: bool = True, fn=None) -> torch.Tensor:
     """Log density of one sample site, broadcast over its plates, masked and scaled
     (``fn``: another distribution to evaluate it with, one that broadcasts to the site's)."""
-    fn = site.fn if fn is None else fn
-    if torch.distributions.Distribution._validate_args:
-        log_prob = fn.log_prob(site.value)
-    else:  # validation is off here (inference): also for distributions built with it on
-        log_prob = _unvalidated_log_prob(fn, site.value)
+    log_prob = distribution_log_prob(site.fn if fn is None else fn, site.value)
     if site.mask is not None and site.mask is not True:
         mask = site.mask
         if mask is False:
@@ -48,6 +44,14 @@ def site_log_prob(site: Message, apply_scale: bool = True, fn=None) -> torch.Ten
     if apply_scale and site.scale is not None:
         log_prob = site.scale * log_prob
     return log_prob
+
+
+def distribution_log_prob(fn, value: torch.Tensor) -> torch.Tensor:
+    """``fn.log_prob(value)``; where torch's validation default is off (inference), also
+    without the checks of distributions built while it was on (:func:`_unvalidated_log_prob`)."""
+    if torch.distributions.Distribution._validate_args:
+        return fn.log_prob(value)
+    return _unvalidated_log_prob(fn, value)
 
 
 def _unvalidated_log_prob(fn, value: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ import pyro.distributions as pyro_dist
 import torch
 from torch.distributions import constraints, kl_divergence
 
-from ..handlers import Trace, replay, site_log_prob, trace
+from ..handlers import Trace, distribution_log_prob, replay, site_log_prob, trace
 from ..primitives import plate
 from ..runtime import Message, Messenger
 from ..validation import innermost, torch_validation
@@ -923,7 +923,7 @@ class TraceGraph_ELBO(ELBO):
                 value = _sum_to(value, shared)
                 cost = value if cost is None else cost + value
             cost = cost.detach()
-            score = _sum_to(site.fn.log_prob(site.value), keep)
+            score = _sum_to(distribution_log_prob(site.fn, site.value), keep)
             options = site.infer.get("baseline", {})
             baseline = None
             if options.get("use_decaying_avg_baseline", False):
