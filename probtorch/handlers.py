@@ -46,6 +46,11 @@ def site_log_prob(site: Message, apply_scale: bool = True, fn=None) -> torch.Ten
     return log_prob
 
 
+# where distributions keep the distributions they are built from: Independent, expanded,
+# masked and transformed ones; MixtureSameFamily
+_WRAPPED = ("base_dist", "_component_distribution", "_mixture_distribution")
+
+
 def distribution_log_prob(fn, value: torch.Tensor) -> torch.Tensor:
     """``fn.log_prob(value)``; where torch's validation default is off (inference), also
     without the checks of distributions built while it was on (:func:`_unvalidated_log_prob`)."""
@@ -60,12 +65,15 @@ def _unvalidated_log_prob(fn, value: torch.Tensor) -> torch.Tensor:
     once outside the model, Pyro's ``PyroSample(prior)``): their data-dependent branch
     cannot be compiled, and inference runs with validation off after checking each site
     once."""
-    validating = []
-    inner = fn
-    while inner is not None:
+    validating, pending = [], [fn]
+    while pending:
+        inner = pending.pop()
         if getattr(inner, "_validate_args", False):  # set on the instance
             validating.append(inner)
-        inner = getattr(inner, "base_dist", None)
+        for name in _WRAPPED:
+            part = getattr(inner, name, None)
+            if isinstance(part, torch.distributions.Distribution):
+                pending.append(part)
     if not validating:
         return fn.log_prob(value)
     for inner in validating:

@@ -677,13 +677,19 @@ def test_a_prior_built_with_validation_on_is_compiled_and_keeps_its_setting():
     from probtorch.inference.autoguide import AutoNormal
 
     prior = dist.Normal(0.0, 1.0, validate_args=True).expand([3]).to_event(1)
+    mixture = torch.distributions.MixtureSameFamily(  # its parts validate on their own
+        torch.distributions.Categorical(torch.tensor([0.3, 0.7]), validate_args=True),
+        torch.distributions.Normal(torch.tensor([-1.0, 1.0]), 0.5, validate_args=True),
+        validate_args=True,
+    )
     x = torch.randn(40, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     y = x @ torch.tensor([1.0, -0.5, 0.3], dtype=torch.float64) + 0.1
 
     def model(x, y):
         w = pt.sample("w", prior)
+        shift = pt.sample("shift", mixture)
         with pt.plate("n", x.shape[0]):
-            pt.sample("y", dist.Normal(x @ w, 0.5), obs=y)
+            pt.sample("y", dist.Normal(x @ w + shift, 0.5), obs=y)
 
     def fit(compile):
         svi = SVI(model, AutoNormal(model), pt.optim.Adam(lr=0.05), Trace_ELBO(), seed=1,
@@ -700,5 +706,6 @@ def test_a_prior_built_with_validation_on_is_compiled_and_keeps_its_setting():
     assert not [w for w in caught if "eagerly" in str(w.message)]
     torch.testing.assert_close(compiled, fit(False), rtol=1e-10, atol=1e-10)
     assert prior._validate_args and prior.base_dist._validate_args
+    assert mixture._validate_args and mixture.component_distribution._validate_args
     with pytest.raises(ValueError, match="support"):  # still checked outside inference
         prior.log_prob(torch.tensor([0.0, float("nan"), 0.0]))
