@@ -490,6 +490,7 @@ def config_enumerate(
         >>> tr["k"].infer, tr["x"].infer
         ({'enumerate': 'parallel'}, {})
     """
+    options = {name: value for name, value in options.items() if value is not None}
     if options:
         unknown = sorted(options)
         hint = " (Monte Carlo enumeration is not done)" if "num_samples" in options else ""

@@ -66,7 +66,7 @@ def test_observations_are_resampled():
     assert ((out["y"] + 3.0).abs() < 5 * NOISE).all()
 
 
-@pytest.mark.parametrize("parallel", [None, False])
+@pytest.mark.parametrize("parallel", [True, False])
 def test_values_fixed_by_condition_are_kept(parallel):
     """As in Pyro and NumPyro: a latent fixed with pt.handlers.condition keeps its value in
     the prior and posterior predictive (it was drawn from its prior), while the model's own

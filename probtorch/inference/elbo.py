@@ -191,6 +191,12 @@ def _check_pair(name: str, guide_site: Message, model_site: Message) -> None:
         inside = None if point_mass else _support_inside(g_support, m_support)
         if inside is None and not constraints.is_dependent(m_support):
             inside = bool(torch.all(m_support.check(guide_site.value)))
+        if inside is False and point_mass:
+            raise ValueError(
+                f"site {name!r}: the guide's Delta is at a value outside the model's "
+                f"{type(model_fn).__name__}'s support {m_support}; give the guide's param "
+                f"that constraint, e.g. pt.param(..., constraint=constraints.positive)"
+            )
         if inside is False:
             raise ValueError(
                 f"site {name!r}: the guide's {type(guide_fn).__name__} has support "

@@ -495,6 +495,21 @@ def _eliminate(
     return [(ordinal, term) for ordinal, terms in tree.items() for term in terms]
 
 
+def _check_in_plates(factor: Factor, site: str, plates: dict) -> None:
+    """A factor that depends on a summed-out site must lie in all of the site's plates: the
+    site takes a value per element of each (another plate at the same dim, say, would pair
+    its elements up with the site's values wrongly)."""
+    missing = [name for name in plates if name not in factor.plates]
+    if missing and factor.name != site:
+        raise ValueError(
+            f"site {factor.name!r} depends on the summed-out discrete site {site!r}, which "
+            f"lies in plates {missing} that {factor.name!r} is not in (its plates: "
+            f"{sorted(factor.plates) or 'none'}). A site that reads a value drawn per element "
+            f"of a plate must be inside that plate: use the same pt.plate object or name, "
+            f"not another plate at the same dim"
+        )
+
+
 def _intractable(leaf: frozenset, indices: Iterable[int], names: dict[int, str]) -> str:
     sites = ", ".join(repr(names[i]) for i in sorted(indices))
     return (
@@ -538,9 +553,13 @@ def sum_out(
     eliminate = set(sizes) - kept
     frames: dict[str, tuple[int, int, int]] = {}
     tree: dict[frozenset, list] = {}
+    site_names = set(names.values())
+    own_plates = {f.name: f.plates for f in factors if f.name in site_names}
     for factor in factors:
         frames.update(factor.plates)
         term = _term(factor, ndim, plate_nesting)
+        for index in term.dims:
+            _check_in_plates(factor, names[index], own_plates.get(names[index], {}))
         ordinal = frozenset(factor.plates) - frozenset(keep)
         tree.setdefault(ordinal, []).append(term)
 

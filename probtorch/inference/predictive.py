@@ -58,6 +58,9 @@ class _uncondition(Messenger):
         if msg.type != "sample" or not msg.is_observed or msg.infer.get("is_auxiliary"):
             return
         if msg.extra.get("conditioned"):
+            # its value kept, as a given draw is (not an observation, which the batched
+            # run would count once per sample)
+            msg.is_observed = False
             return
         obs = msg.value
         if isinstance(obs, torch.Tensor):
