@@ -553,6 +553,21 @@ def test_sampling_problems_are_reported_after_the_run():
         _mcmc(num_warmup=100, num_samples=50).run(y)
 
 
+def test_divergences_after_a_short_warmup_are_put_down_to_it():
+    """A standard normal after 20 warmup iterations: Stan's schedule adapts the final step
+    size over the last 2, and it ends 4-10x too large (NumPyro's too): the warning says so
+    instead of advising a reparameterization."""
+
+    def model():
+        pt.sample("a", dist.Normal(0.0, 1.0))
+
+    mcmc = MCMC(NUTS(model, compile=False), num_warmup=20, num_samples=100, seed=0,
+                progress_bar=False)  # fmt: skip
+    short = r"warmup of 20 iterations is too short: its final step size was adapted over"
+    with pytest.warns(UserWarning, match=r"diverged.*" + short + r" its last 2.*>= 150"):
+        mcmc.run()
+
+
 def test_init_params_honored():
     y = _vector_data()
     init = {"loc": torch.tensor([0.5, -1.0, 2.0]), "scale": torch.tensor(1.5)}
