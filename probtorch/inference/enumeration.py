@@ -430,8 +430,8 @@ def _components(terms: list, indices: set[int], key=lambda t: t) -> list:
     """Partition ``terms`` into groups connected by shared sites among ``indices`` (``key``
     gives a term's :class:`_Term`); returns ``(group, its sites)`` pairs, in the order of
     each group's first term. Union-find over the sites, so that a long chain's terms are
-    grouped in time linear in their number (merging sets of sites took quadratic time,
-    most of Dynamo's tracing of a 40-step ``pt.markov`` chain)."""
+    grouped in time linear in their number (merging sets of sites was quadratic in a
+    ``pt.markov`` chain's length)."""
     parent: dict[int, int] = {}
 
     def root(index: int) -> int:

@@ -320,7 +320,7 @@ class _EagerSteps:
     per call, in place or not): once Dynamo has refused the step, a new block does not
     try again, nor warn again. ``allowed`` says whether a refusal may switch to eager."""
 
-    def __init__(self, allowed: Callable[[], bool] = lambda: True):
+    def __init__(self, allowed: Callable[[], bool]):
         self.allowed = allowed
         self.because: Exception | None = None
 
