@@ -220,6 +220,25 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
         )
 
 
+def observation_in_support(fn, value: torch.Tensor) -> torch.Tensor | None:
+    """Whether all of an observed ``value`` lies in ``fn``'s support, as a 0-d bool tensor
+    that is not read here (a compiled step returns it; :func:`check_observation` names what
+    is wrong once it is false); ``None`` where the support cannot be checked.
+
+    >>> import pyro.distributions as d
+    >>> observation_in_support(d.Exponential(1.0), torch.tensor([1.0, -1.0]))
+    tensor(False)
+    """
+    try:
+        support = fn.support
+    except NotImplementedError:
+        return None
+    # (isinstance, not constraints.is_dependent: Dynamo skips that function)
+    if support is None or isinstance(support, constraints._Dependent):
+        return None
+    return support.check(value).all()
+
+
 def _check_infinite_observation(name: str, fn, value: torch.Tensor) -> None:
     """Raise for infinite observations where the log density is not finite. torch's
     ``real`` support (and ``positive``, and others open above or below) admits ``inf``, but a

@@ -14,6 +14,7 @@ from probtorch.distributions import constraints
 from probtorch.inference import SVI, Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
 from probtorch.inference.compile import count_compiles
 from probtorch.inference.svi import NonFiniteLossError
+from probtorch.validation import ObservationOutsideSupportError
 
 
 @pytest.fixture(autouse=True)
@@ -560,6 +561,68 @@ def test_nonfinite_loss_stops_the_run_with_the_last_finite_params():
     with pytest.raises(NonFiniteLossError, match="at step 2 .*kept from step 1"):
         svi.step()
     assert float(svi.get_params()["loc"]) == 0.0  # where step 1 evaluated its loss
+
+
+def _exponential_model(y):
+    rate = pt.sample("rate", dist.Gamma(2.0, 2.0))
+    with pt.plate("n", len(y)):
+        pt.sample("y", dist.Exponential(rate), obs=y)
+
+
+def _gamma_guide(y):
+    shape = pt.param("shape", torch.tensor(2.0), constraint=constraints.positive)
+    pt.sample("rate", dist.Gamma(shape, 2.0))
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_each_call_checks_its_data_not_only_the_first(compiled):
+    # SVI.init checks the first call's data eagerly; the steps run with validation off
+    # (compiled), so later data were not checked: Exponential's log density is finite at -1,
+    # and a minibatch of negative values gave a finite loss and moved the params.
+    svi = SVI(_exponential_model, _gamma_guide, pt.optim.Adam(lr=0.05), Trace_ELBO(),
+              compile=compiled, seed=0)
+    good, bad = torch.ones(4), torch.tensor([1.0, -1.0, 2.0, -3.0])
+    with count_compiles() as stats:
+        svi.step(good)
+    assert stats.graph_breaks == 0 and stats.graphs == int(compiled)  # the check compiles
+    before = svi.get_params()["shape"]
+    with pytest.raises(ObservationOutsideSupportError,
+                       match=r"at step 1 .*site 'y'.*support GreaterThanEq\(lower_bound=0.0\) "
+                             r"of Exponential.*invalid values \[-1.0, -3.0\].*not applied"):
+        svi.step(bad)
+    assert torch.equal(svi.get_params()["shape"], before)
+    with pytest.raises(ObservationOutsideSupportError, match="evaluate_loss: .*site 'y'"):
+        svi.evaluate_loss(bad)
+    with pytest.raises(ObservationOutsideSupportError, match="at step 1 .*site 'y'"):
+        svi.run(5, bad, progress_bar=False)  # its first step: nothing of the run is lost
+    assert torch.equal(svi.get_params()["shape"], before)
+    assert math.isfinite(svi.step(good))  # the step after the refused one: step 1 again
+    assert svi.run(3, good, progress_bar=False).losses.shape == (3,)
+
+
+def test_data_leaving_a_support_that_the_params_move_stops_the_run_keeping_its_losses():
+    # y ~ Uniform(0, b): the likelihood -N log b pulls b below max(y) = 0.9, where y is outside
+    # the support (torch's Uniform gives -inf there; Pyro's validation raises)
+    y = torch.tensor([0.5, 0.9])
+
+    def model(y):
+        b = pt.param("b", torch.tensor(1.5), constraint=constraints.positive)
+        with pt.plate("n", 2):
+            pt.sample("y", dist.Uniform(0.0, b), obs=y)
+
+    def guide(y):
+        pass
+
+    svi = SVI(model, guide, pt.optim.SGD(lr=0.1), Trace_ELBO(), compile=False)
+    with pytest.warns(RuntimeWarning, match=r"at step (\d+) .*site 'y'.*Interval\(lower_bound="
+                                            r"0.0, upper_bound=0.8.*invalid values \[0.9\].*kept "
+                                            r"from step"):
+        result = svi.run(50, y, progress_bar=False)
+    steps = len(result.losses)
+    assert 0 < steps < 50 and torch.isfinite(result.losses).all()
+    b = float(result.params["b"])  # kept from the last step whose data lay in the support
+    # SGD on log b, whose gradient is N = 2: the next step, b * exp(-0.2), crossed 0.9
+    assert 0.9 < b and b * math.exp(-0.2) < 0.9
 
 
 def test_keyboard_interrupt_returns_the_result_so_far():

@@ -63,7 +63,13 @@ from ..handlers import replay, site_log_prob
 from ..optim import Optimizer
 from ..params import _SVI_STORES, ParamStore, param_scope, same_constraint
 from ..runtime import Message, Messenger
-from ..validation import torch_validation
+from ..validation import (
+    ObservationOutsideSupportError,
+    check_observation,
+    is_validation_enabled,
+    observation_in_support,
+    torch_validation,
+)
 from .compile import (
     _FALSE,
     _fresh_function,
@@ -124,6 +130,32 @@ class _ParamValues(Messenger):
         value = self.values[msg.name]
         constraint = self.param_constraints[msg.name]
         msg.value = value if constraint is constraints.real else biject_to(constraint)(value)
+
+
+class _ObservationsInSupport(Messenger):
+    """Whether the observed values of one run of guide and model lie in their supports:
+    :meth:`flag` is a 0-d bool tensor, computed inside the step and read with its loss.
+
+    ``SVI.init`` checks the data of its first call eagerly; the compiled step cannot raise,
+    so a later call with other data (a minibatch through ``svi.step(batch)``, a second
+    ``run``) reports through this flag, and the host names the site
+    (:meth:`SVI._invalid_observation`). Off with ``pt.enable_validation(False)``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.flags: list[torch.Tensor] = []
+
+    def postprocess_message(self, msg: Message) -> None:
+        if msg.type == "sample" and msg.is_observed and isinstance(msg.value, torch.Tensor):
+            flag = observation_in_support(msg.fn, msg.value)
+            if flag is not None:
+                self.flags.append(flag)
+
+    def flag(self, device) -> torch.Tensor:
+        if not self.flags:
+            return torch.ones((), dtype=torch.bool, device=device)
+        return torch.stack(self.flags).all()
 
 
 def _module_buffers(written: list, start: int = 0) -> dict:
@@ -767,7 +799,9 @@ class SVI:
         buffers = self._module_buffers
         self._swap_modules(values, elbo_state)
         loss_state = {k: v for k, v in elbo_state.items() if k not in buffers}
-        with _ParamValues(values, self._layout.constraints), _Seeded():
+        observed = _ObservationsInSupport()
+        checks = observed if is_validation_enabled() else contextlib.nullcontext()
+        with _ParamValues(values, self._layout.constraints), _Seeded(), checks:
             surrogate, loss, new_state = self.loss.compute(
                 self.model, self.guide, args, kwargs, self._plan, loss_state
             )
@@ -775,7 +809,7 @@ class SVI:
             new_state[key] = module._buffers[attr]
         self._swap_modules(None)
         new_state = {k: v.detach() for k, v in new_state.items()}
-        return surrogate, (loss.detach(), new_state)
+        return surrogate, (loss.detach(), new_state, observed.flag(flat.device))
 
     def _block_function(self, num_steps: int) -> Callable:
         """``num_steps`` unrolled steps as one eager function (see the module docstring)."""
@@ -783,11 +817,11 @@ class SVI:
         update = self.optim.update
 
         def svi_block(flat, opt_state, elbo_state, last_good, active, lrs, args, kwargs):
-            losses, oks = [], []
+            losses, oks, valids = [], [], []
             alive = torch.ones((), dtype=torch.bool, device=flat.device)
             for k in range(num_steps):
-                grad, (_, (loss, new_elbo_state)) = grad_fn(flat, elbo_state, args, kwargs)
-                ok = alive & active[k] & torch.isfinite(loss) & torch.isfinite(grad).all()
+                grad, (_, (loss, new_elbo_state, valid)) = grad_fn(flat, elbo_state, args, kwargs)
+                ok = alive & active[k] & valid & torch.isfinite(loss) & torch.isfinite(grad).all()
                 new_flat, new_opt_state = update(flat, grad, opt_state, lrs[k])
                 # A non-finite step is not applied; last_good keeps the params at which the
                 # last finite loss was computed.
@@ -800,9 +834,13 @@ class SVI:
                 alive = ok
                 losses.append(loss)
                 oks.append(ok)
-            # one tensor (losses, then 1.0 for a finite step): one read on the host
+                valids.append(valid)
+            # one tensor (losses, then 1.0 for a step applied, then 1.0 for observations in
+            # their supports): one read on the host
             losses = torch.stack(losses)
-            report = torch.stack([losses, torch.stack(oks).to(losses.dtype)])
+            report = torch.stack(
+                [losses, torch.stack(oks).to(losses.dtype), torch.stack(valids).to(losses.dtype)]
+            )
             return flat, opt_state, elbo_state, last_good, report
 
         return svi_block
@@ -851,7 +889,7 @@ class SVI:
         """The loss alone, as a block: what the in-place block captures again at the start
         of each run to see whether the model and guide still compute the same graph
         (:class:`~.svi_block.InPlaceBlock`)."""
-        surrogate, (loss, new_elbo_state) = self._surrogate(flat, elbo_state, args, kwargs)
+        surrogate, (loss, new_elbo_state, _) = self._surrogate(flat, elbo_state, args, kwargs)
         report = torch.stack([surrogate.detach().to(loss.dtype), loss])
         return flat, opt_state, {**elbo_state, **new_elbo_state}, last_good, report
 
@@ -897,7 +935,8 @@ class SVI:
                 block.forget_arguments()
 
     def _run_block(self, num_steps: int, num_active: int, args, kwargs, in_place: bool = True):
-        """Run one block; returns ``(losses, oks)`` lists of the ``num_active`` first steps.
+        """Run one block; returns ``(losses, oks, valids)`` lists of the ``num_active`` first
+        steps (whether each was applied; whether its observations lay in their supports).
         ``args`` and ``kwargs`` are laid out already (:meth:`_laid_out`)."""
         lrs = self.optim.learning_rates(num_active) + [0.0] * (num_steps - num_active)
         lrs, active = self._block_inputs(tuple(lrs), num_steps, num_active)
@@ -929,10 +968,11 @@ class SVI:
         flat, opt_state, elbo_state, last_good, report = out
         self._flat, self._opt_state, self._elbo_state = flat, opt_state, elbo_state
         self._last_good = last_good
-        losses, oks = report.tolist()  # (slicing the tensor first costs more than the lists)
+        # (slicing the tensor first costs more than the lists)
+        losses, oks, valids = report.tolist()
         if num_active < num_steps:
-            losses, oks = losses[:num_active], oks[:num_active]
-        return losses, [ok == 1.0 for ok in oks]
+            losses, oks, valids = losses[:num_active], oks[:num_active], valids[:num_active]
+        return losses, [ok == 1.0 for ok in oks], [valid == 1.0 for valid in valids]
 
     def _floats_as_tensors(self, args, kwargs) -> tuple | None:
         """``(args, kwargs)`` with their Python floats as 0-d tensors of the params' dtype,
@@ -988,11 +1028,29 @@ class SVI:
         self._blocks = {}
         return call(args, kwargs)
 
-    def _handle_nonfinite(self, losses: list, oks: list, done: int, args, kwargs):
-        """Keep the params of the last finite step; ``(failed step, message)``."""
+    def _handle_failure(self, losses: list, oks: list, valids: list, done: int, args, kwargs):
+        """``(failed step, message, data)`` for the first step not applied; ``data`` says
+        whether an observed value outside its support stopped it. At the first step of a
+        call (new data) the params stay those before it; later in a run, the data being the
+        same, the params moved the support (``y ~ Uniform(0, b)``) and go back to the last
+        step that passed, as they go back to the last finite step where the loss or its
+        gradient was not finite."""
         bad = oks.index(False)
         failed = done + bad
         at_failure = self._flat
+        if not valids[bad]:
+            found = self._invalid_observation(at_failure, args, kwargs)
+            if found is None:  # the support depends on values the diagnosis drew otherwise
+                found = "an observed value lies outside its distribution's support"
+            if failed == self._num_steps:
+                kept = "the step was not applied; the params are those before it"
+            else:
+                self._flat = self._last_good
+                kept = (
+                    f"the params are kept from step {failed - 1}, the last step whose "
+                    f"observations lay in their supports"
+                )
+            return failed, f"SVI: at step {failed} (counting from 0), {found}; {kept}", True
         self._flat = self._last_good
         loss = losses[bad]
         what = "the loss" if not math.isfinite(loss) else "the gradient of the loss"
@@ -1005,15 +1063,16 @@ class SVI:
             )
         sites = self._nonfinite_sites(at_failure, args, kwargs)
         hint = f" Non-finite log densities at: {', '.join(sites)}." if sites else ""
-        return failed, (
+        message = (
             f"SVI: {what} is not finite ({loss}) {where}.{hint} Lower the learning rate, "
             f"check the constraints and initial values of the params, or use "
             f"pt.optim.ClippedAdam."
         )
+        return failed, message, False
 
-    def _nonfinite_sites(self, flat, args, kwargs) -> list[str]:
-        """Sites with a non-finite log density in one eager run at ``flat``."""
-        bad = []
+    def _eager_traces(self, flat, args, kwargs):
+        """``(guide trace, model trace)`` of one eager run at ``flat``, without checks, from
+        a copy of the random stream (diagnosis only)."""
         values = self._unpack(flat)
         try:
             self._swap_modules(values)
@@ -1025,16 +1084,37 @@ class SVI:
                     model_rec = _Record()
                     model_rec.fn = replay(self.model, trace=guide_rec.trace)
                     model_rec(*args, **kwargs)
-            for where, tr in (("guide", guide_rec.trace), ("model", model_rec.trace)):
+        finally:
+            self._swap_modules(None)
+        return guide_rec.trace, model_rec.trace
+
+    def _nonfinite_sites(self, flat, args, kwargs) -> list[str]:
+        """Sites with a non-finite log density in one eager run at ``flat``."""
+        bad = []
+        try:
+            guide_trace, model_trace = self._eager_traces(flat, args, kwargs)
+            for where, tr in (("guide", guide_trace), ("model", model_trace)):
                 for name, site in tr.items():
                     if site.type == "sample":
                         if not bool(torch.isfinite(site_log_prob(site)).all()):
                             bad.append(f"site {name!r} of the {where}")
         except Exception:  # diagnosis only: never hide the original problem
             return bad
-        finally:
-            self._swap_modules(None)
         return bad
+
+    def _invalid_observation(self, flat, args, kwargs) -> str | None:
+        """What is wrong with the first observed value outside its support, in one eager
+        run at ``flat`` (the site, the support, the values); ``None`` if none is found."""
+        try:
+            for tr in self._eager_traces(flat, args, kwargs):
+                for name, site in tr.items():
+                    if site.type == "sample" and site.is_observed:
+                        check_observation(name, site.fn, site.value)
+        except ObservationOutsideSupportError as error:
+            return str(error)
+        except Exception:  # noqa: BLE001 - diagnosis only: never hide the original problem
+            return None
+        return None
 
     # -- public ----------------------------------------------------------------------------
     def _ensure_init(self, args, kwargs) -> None:
@@ -1048,16 +1128,20 @@ class SVI:
         """One optimization step; returns the loss before the update.
 
         Raises :class:`NonFiniteLossError` (params kept at the last finite step) when the
-        loss or its gradient is not finite.
+        loss or its gradient is not finite, and
+        :class:`~probtorch.validation.ObservationOutsideSupportError` (a ``ValueError``
+        naming the site; the step is not applied) when an observed value lies outside its
+        distribution's support: each call's data are checked, a minibatch too.
         """
         self._ensure_init(args, kwargs)
         with self._rng():
-            losses, oks = self._run_block(1, 1, *self._laid_out(args, kwargs), in_place=False)
+            step = self._run_block(1, 1, *self._laid_out(args, kwargs), in_place=False)
+        losses, oks, _ = step
         self._lifted_cache = None
         if not oks[0]:
-            _, message = self._handle_nonfinite(losses, oks, self._num_steps, args, kwargs)
+            _, message, data = self._handle_failure(*step, self._num_steps, args, kwargs)
             self._sync_store()
-            raise NonFiniteLossError(message)
+            raise (ObservationOutsideSupportError if data else NonFiniteLossError)(message)
         self._num_steps += 1
         self._sync_store()
         return losses[0]
@@ -1074,10 +1158,16 @@ class SVI:
         kept = self._rng_state
         try:
             with self._rng(), torch.no_grad(), torch_validation(False):
-                _, (loss, _) = self._surrogate(self._flat, self._elbo_state, args, kwargs)
+                _, (loss, _, valid) = self._surrogate(self._flat, self._elbo_state, args, kwargs)
         finally:
             self._swap_modules(None)
             self._rng_state = kept
+        if not bool(valid):
+            found = self._invalid_observation(self._flat, args, kwargs)
+            raise ObservationOutsideSupportError(
+                f"SVI.evaluate_loss: "
+                f"{found or 'an observed value lies outside its distribution support'}"
+            )
         return float(loss)
 
     @_fitting_guide
@@ -1094,7 +1184,11 @@ class SVI:
         ``init_params`` (constrained values by name, e.g. a previous ``result.params``)
         replace the current params and restart the optimizer state. Ctrl-C stops the run
         and returns the result so far, with a warning; so does a non-finite loss, keeping the
-        params of the last step with a finite loss. torch runs with
+        params of the last step with a finite loss. An observed value outside its
+        distribution's support raises :class:`~probtorch.validation.ObservationOutsideSupportError`
+        naming the site where it is this call's data (at its first step), and otherwise
+        (a support that depends on latent values) stops the run with a warning as above, its
+        params those before the step. torch runs with
         ``PROBTORCH_NUM_THREADS`` intra-op threads meanwhile (default 1). The progress bar
         shows the mean loss, and reads ``SVI (compiling)`` while the first call of the step
         compiles it.
@@ -1112,6 +1206,7 @@ class SVI:
         from tqdm.auto import tqdm
 
         all_losses: list[float] = []
+        bad_data = None
         block = self.steps_per_call if num_steps >= self.steps_per_call else max(num_steps, 1)
         bar = tqdm(total=num_steps, disable=not progress_bar, desc="SVI")
         shown = _BarFeed(bar) if progress_bar else None
@@ -1142,17 +1237,21 @@ class SVI:
                     active = min(block, num_steps - done)
                     if compiling:
                         bar.set_description("SVI (compiling)")
-                    losses, oks = self._run_block(block, active, laid_args, laid_kwargs)
+                    ran = self._run_block(block, active, laid_args, laid_kwargs)
+                    losses, oks, _ = ran
                     if compiling:
                         bar.set_description("SVI", refresh=False)
                         compiling = False
                     if not all(oks):
                         all_losses.extend(losses[: oks.index(False)])
-                        failed, message = self._handle_nonfinite(
-                            losses, oks, self._num_steps + done, args, kwargs
+                        failed, message, data = self._handle_failure(
+                            *ran, self._num_steps + done, args, kwargs
                         )
-                        warn_at_caller(message, RuntimeWarning)
                         done = failed - self._num_steps
+                        if data and done == 0:  # the data of this run: nothing was done
+                            bad_data = message
+                            break
+                        warn_at_caller(message, RuntimeWarning)
                         break
                     self.optim.observe(losses)
                     all_losses.extend(losses)
@@ -1173,6 +1272,8 @@ class SVI:
             self._num_steps += done
             self._lifted_cache = None  # (it holds the run's arguments)
             self._sync_store()
+        if bad_data is not None:
+            raise ObservationOutsideSupportError(bad_data)
         losses = torch.tensor(all_losses, dtype=self._layout.dtype)
         return SVIRunResult(self.get_params(), losses)
 
