@@ -150,19 +150,21 @@ def test_extra_fields_default_is_diverging_only():
     assert set(mcmc.get_extra_fields()) == {"diverging"}
 
 
-def test_thinning_keeps_every_nth_draw():
+def test_thinning_keeps_every_nth_draw_counted_back_from_the_last():
+    # NumPyro's draws: of 31 with thinning 3, transitions 3, 6, ..., 30 (0-based): the last
+    # is kept (fori_collect starts at num_samples % thinning); it was 2, 5, ..., 29
     y = _vector_data()
-    full = _mcmc(num_samples=30, seed=3)
+    full = _mcmc(num_samples=31, seed=3)
     full.run(y, extra_fields=("accept_prob",))
-    thinned = _mcmc(num_samples=30, thinning=3, seed=3)
+    thinned = _mcmc(num_samples=31, thinning=3, seed=3)
     thinned.run(y, extra_fields=("accept_prob",))
     a, b = full.get_samples(group_by_chain=True), thinned.get_samples(group_by_chain=True)
     for name in a:
         assert b[name].shape[:2] == (2, 10)
-        assert torch.equal(b[name], a[name][:, 2::3])
+        assert torch.equal(b[name], a[name][:, 3::3])
     accept_full = full.get_extra_fields(group_by_chain=True)["accept_prob"]
     accept_thinned = thinned.get_extra_fields(group_by_chain=True)["accept_prob"]
-    assert torch.equal(accept_thinned, accept_full[:, 2::3])
+    assert torch.equal(accept_thinned, accept_full[:, 3::3])
 
 
 def _exact_known_noise(y):

@@ -225,6 +225,16 @@ def test_bad_starts_are_blamed_on_their_own_site():
     ]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             _run(NUTS(_regression, compile=False), start, 2, X, y)
+    # a closed interval's bounds too: torch's sigmoid inverse clamps, so a Beta site at 1
+    # started at unconstrained 36.04 (at 0, -708.4) without a word
+    def beta_model():
+        p = pt.sample("p", dist.Beta(2.0, 3.0))
+        pt.sample("k", dist.Binomial(20, p), obs=torch.tensor(7.0))
+
+    for p0 in (0.0, 1.0):
+        with pytest.raises(ValueError, match=r"init_params\['p'\] \(chain 1\) lies on the "
+                           r"boundary of the support of site 'p' \(Beta"):  # fmt: skip
+            _run(NUTS(beta_model, compile=False), {"p": torch.tensor([0.5, p0])}, 2)
     for values, match in [
         ({"beta": torch.ones(2)}, r"values\['beta'\] has shape \(2,\); site 'beta' .*\(3,\)"),
         ({"s": torch.tensor(-1.0)}, r"values\['s'\] lies outside the support .* site 's'"),

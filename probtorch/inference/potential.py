@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import pyro.distributions as pyro_dist
 import torch
+from torch.distributions import constraints
 
 from .._caller import warn_at_caller
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
@@ -1089,7 +1090,12 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
                     f"{where} lies outside the support of site {site.name!r} ({family})"
                 )
             # on the support's boundary (0 for a nonnegative site): no unconstrained value
-            if not bool(torch.isfinite(unconstraining_transform(site.fn).inv(value)).all()):
+            # (torch's sigmoid inverse clamps, so a Beta site at 1 maps to 36.04: the bounds
+            # of a closed interval are looked for by value)
+            unconstrained = unconstraining_transform(site.fn).inv(value)
+            if _on_closed_bound(site.fn.support, value) or not bool(
+                torch.isfinite(unconstrained).all()
+            ):
                 raise ValueError(
                     f"{where} lies on the boundary of the support of site {site.name!r} "
                     f"({family}), where its unconstrained value is infinite: start inside it"
@@ -1102,6 +1108,26 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
         )  # fmt: skip
         rows.append(_pack_trace(potential, tr))
     return torch.stack(rows).detach()
+
+
+def _on_closed_bound(support, value: torch.Tensor) -> bool:
+    """Whether ``value`` lies on a bound that a closed interval support includes
+    (``unit_interval``'s 0 and 1, ``nonnegative``'s 0), which no unconstrained value reaches.
+
+    >>> from torch.distributions import constraints
+    >>> _on_closed_bound(constraints.unit_interval, torch.tensor([0.5, 1.0]))
+    True
+    """
+    while isinstance(support, constraints._IndependentConstraint):
+        support = support.base_constraint
+    bounds = []
+    if isinstance(support, (constraints._Interval, constraints._HalfOpenInterval)):
+        bounds.append(support.lower_bound)
+    if isinstance(support, constraints._Interval):
+        bounds.append(support.upper_bound)
+    if isinstance(support, constraints._GreaterThanEq):
+        bounds.append(support.lower_bound)
+    return any(bool((value == bound).any()) for bound in bounds)
 
 
 def _not_enumerable(site: Message) -> str:

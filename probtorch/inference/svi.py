@@ -132,6 +132,9 @@ class _ParamValues(Messenger):
         msg.value = value if constraint is constraints.real else biject_to(constraint)(value)
 
 
+_OUTSIDE = "an observed value lies outside its distribution's support"
+
+
 class _ObservationsInSupport(Messenger):
     """Whether the observed values of one run of guide and model lie in their supports:
     :meth:`flag` is a 0-d bool tensor, computed inside the step and read with its loss.
@@ -1039,9 +1042,8 @@ class SVI:
         failed = done + bad
         at_failure = self._flat
         if not valids[bad]:
-            found = self._invalid_observation(at_failure, args, kwargs)
-            if found is None:  # the support depends on values the diagnosis drew otherwise
-                found = "an observed value lies outside its distribution's support"
+            # (None: the support depends on values the diagnosis drew otherwise)
+            found = self._invalid_observation(at_failure, args, kwargs) or _OUTSIDE
             if failed == self._num_steps:
                 kept = "the step was not applied; the params are those before it"
             else:
@@ -1163,11 +1165,8 @@ class SVI:
             self._swap_modules(None)
             self._rng_state = kept
         if not bool(valid):
-            found = self._invalid_observation(self._flat, args, kwargs)
-            raise ObservationOutsideSupportError(
-                f"SVI.evaluate_loss: "
-                f"{found or 'an observed value lies outside its distribution support'}"
-            )
+            found = self._invalid_observation(self._flat, args, kwargs) or _OUTSIDE
+            raise ObservationOutsideSupportError(f"SVI.evaluate_loss: {found}")
         return float(loss)
 
     @_fitting_guide

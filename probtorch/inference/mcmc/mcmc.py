@@ -32,7 +32,8 @@ class MCMC:
             ``step_size`` and ``inverse_mass_matrix``, as given.
         num_samples: draws kept per chain (after thinning: ``num_samples // thinning``).
         num_chains: number of chains.
-        thinning: keep every ``thinning``-th draw.
+        thinning: keep every ``thinning``-th draw, counted back from the last (kept), as
+            NumPyro does.
         chain_method: ``"vectorized"`` (all chains in one batched kernel, the default) or
             ``"sequential"`` (one chain after the other). Both start the chains at the same
             initial points, but a chain's random numbers (momenta, tree directions) come
@@ -366,13 +367,17 @@ class MCMC:
         C, D = state.z.shape
         empty = state.z.new_zeros(C, 0, D)
         kept = empty, empty_stats(state.z)
-        keep = slice(self.thinning - 1, None, self.thinning)
+        keep = self._kept(self.num_samples)
         if not continuing and self.num_warmup > 0:
             with _progress("warmup", self.num_warmup, self.progress_bar) as bar:
                 warmed = run_warmup(kernel, state, self.num_warmup, bar)
             state = warmed.state
             if collect_warmup:
-                kept = warmed.draws[:, keep], {k: v[:, keep] for k, v in warmed.stats.items()}
+                warm_keep = self._kept(self.num_warmup)
+                kept = (
+                    warmed.draws[:, warm_keep],
+                    {k: v[:, warm_keep] for k, v in warmed.stats.items()},
+                )
             if warmed.interrupted:
                 self.interrupted, self._interrupted_in = True, "warmup"
                 return None, state, *kept
@@ -389,6 +394,12 @@ class MCMC:
         draws = result.draws[:, keep]
         stats = {k: v[:, keep] for k, v in result.stats.items()}
         return warm, result.state, draws, stats
+
+    def _kept(self, num: int) -> slice:
+        """The draws of ``num`` transitions that thinning keeps: every ``thinning``-th,
+        counted back from the last, which is always kept (as NumPyro's; an interrupted run
+        keeps those of its draws that the whole run would have kept)."""
+        return slice(num % self.thinning + self.thinning - 1, None, self.thinning)
 
     def _collect(self, draws: torch.Tensor, stats: dict) -> None:
         potential = self.kernel.potential
