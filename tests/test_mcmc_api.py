@@ -872,6 +872,8 @@ def test_arguments_a_numpyro_or_pyro_user_might_pass():
         MCMC(kernel, num_warmup=10, num_samples=3, thinning=5)
     with pytest.raises(TypeError, match="takes a kernel, e.g. MCMC.NUTS.model.*'vector_model'"):
         MCMC(vector_model, num_warmup=10, num_samples=10)
+    with pytest.raises(ValueError, match="got 'parallel' .NumPyro's 'parallel' maps chains"):
+        MCMC(kernel, num_warmup=10, num_samples=10, chain_method="parallel")
     with pytest.raises(TypeError, match="seed must be an integer, got 1.5"):
         MCMC(kernel, num_warmup=10, num_samples=10, seed=1.5)
     with pytest.raises(TypeError, match="NumPyro's .warmup, sampling. pair is not supported"):

@@ -82,8 +82,14 @@ class MCMC:
                 f"draws per chain: none (num_samples counts the draws before thinning)"
             )
         if chain_method not in ("vectorized", "sequential"):
+            why = (
+                " (NumPyro's 'parallel' maps chains to devices or processes; probtorch runs "
+                "them in one batched kernel, 'vectorized', the default)"
+                if chain_method == "parallel"
+                else ""
+            )
             raise ValueError(
-                f"chain_method must be 'vectorized' or 'sequential', got {chain_method!r}"
+                f"chain_method must be 'vectorized' or 'sequential', got {chain_method!r}{why}"
             )
         if not (hasattr(kernel, "setup") and hasattr(kernel, "run_segment")):
             what = getattr(kernel, "__name__", type(kernel).__name__)
