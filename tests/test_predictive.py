@@ -405,3 +405,44 @@ def test_vector_latent_times_matrix_batches_with_pyro_layout():
     assert batched["y"].shape == (7, 50)
     torch.testing.assert_close(batched["y"], samples["w"] @ X.T, atol=1e-4, rtol=0)
     torch.testing.assert_close(looped["y"], batched["y"], atol=1e-4, rtol=0)
+
+
+# -- log_likelihood (NumPyro's numpyro.infer.util.log_likelihood) ---------------------------
+def test_log_likelihood_of_posterior_draws_by_hand_and_as_mcmc_exports_it():
+    from probtorch.inference import MCMC, NUTS, log_likelihood
+
+    y = torch.tensor([0.3, 1.2, -0.4, 2.0])
+    mcmc = MCMC(NUTS(model, compile=False), num_warmup=20, num_samples=15, num_chains=2,
+                seed=0, progress_bar=False)  # fmt: skip
+    mcmc.run(4, y)
+    draws = mcmc.get_samples(group_by_chain=True)  # "twice", deterministic, is ignored
+    ll = log_likelihood(model, draws, 4, y, batch_ndims=2)
+    assert set(ll) == {"y"} and ll["y"].shape == (2, 15, 4)
+    by_hand = dist.Normal(draws["mu"][..., None], NOISE).log_prob(y)
+    torch.testing.assert_close(ll["y"], by_hand)
+    exported = torch.as_tensor(mcmc.to_inference_data().log_likelihood["y"].values)
+    torch.testing.assert_close(ll["y"], exported.to(ll["y"].dtype))
+    flat = log_likelihood(model, mcmc.get_samples(), 4, y)  # batch_ndims=1: (draws,)
+    torch.testing.assert_close(flat["y"], by_hand.reshape(30, 4))
+
+
+def test_log_likelihood_sums_out_discrete_sites_and_names_bad_draws():
+    from probtorch.inference import log_likelihood
+
+    def mixture(y):
+        loc = pt.sample("loc", dist.Normal(0.0, 5.0))
+        with pt.plate("n", len(y)):
+            z = pt.sample("z", dist.Bernoulli(0.3))
+            pt.sample("y", dist.Normal(loc * z, 1.0), obs=y)
+
+    y = torch.tensor([0.1, 2.5, 3.0])
+    loc = torch.tensor([2.0, -1.0])
+    ll = log_likelihood(mixture, {"loc": loc}, y)["y"]
+    terms = torch.stack([math.log(0.7) + dist.Normal(0.0, 1.0).log_prob(y).expand(2, 3),
+                         math.log(0.3) + dist.Normal(loc[:, None], 1.0).log_prob(y)])  # fmt: skip
+    torch.testing.assert_close(ll, torch.logsumexp(terms, 0))
+    with pytest.raises(ValueError, match=r"posterior_samples lack the latent sites \['loc'\]"):
+        log_likelihood(mixture, {"mu": loc}, y)
+    with pytest.raises(ValueError, match=r"posterior_samples\['loc'\] has shape \(2, 3\); with "
+                       r"batch_ndims=1 .* needs \(2,\)"):  # fmt: skip
+        log_likelihood(mixture, {"loc": torch.zeros(2, 3)}, y)

@@ -13,7 +13,7 @@ from .init_strategies import (
 )
 from .mcmc import HMC, MCMC, NUTS
 from .potential import Potential, initialize_model
-from .predictive import Predictive
+from .predictive import Predictive, log_likelihood
 from .svi import SVI, SVIRunResult
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "TraceGraph_ELBO",
     "RenyiELBO",
     "Predictive",
+    "log_likelihood",
     "config_enumerate",
     "autoguide",
 ]

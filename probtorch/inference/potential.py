@@ -775,7 +775,8 @@ class Potential:
         """Pointwise log likelihood of each observed site, for a batch of latent values.
 
         ``values`` are constrained draws per latent site with one leading batch dimension;
-        returns ``{site: (N, *site_batch_shape)}`` (masked, not scaled; factors excluded).
+        returns ``{site: (N, *site_batch_shape)}`` (masked, not scaled; factors excluded;
+        ``N = 1`` for a model without continuous latent sites).
         """
 
         def single(latent):
@@ -793,6 +794,8 @@ class Potential:
         was = is_validation_enabled()
         enable_validation(False)  # per-draw values need no re-checking
         try:
+            if not latent:  # every latent site summed out: one value, whatever the draws
+                return {name: value.unsqueeze(0) for name, value in single({}).items()}
             return self._per_draw(single, latent)
         finally:
             enable_validation(was)

@@ -39,7 +39,7 @@ from ..validation import num_event_dims
 from .autoguide.base import AutoGuide
 from .potential import Potential
 
-__all__ = ["Predictive"]
+__all__ = ["Predictive", "log_likelihood"]
 
 _PARTICLE_PLATE = "_num_predictive_samples"
 _RETURN = "_RETURN"  # in return_sites: the model's return value, as in Pyro
@@ -535,3 +535,76 @@ def _check_per_sample(fn, tr, out, proto, samples, num_samples, names, args, kwa
                         f"from the model's distribution for that sample alone (does the model "
                         f"reduce over a dim it does not name, e.g. x.sum() or x.mean()?)"
                     )
+
+
+def log_likelihood(
+    model: Callable,
+    posterior_samples: dict,
+    *args,
+    batch_ndims: int = 1,
+    params: dict | None = None,
+    **kwargs,
+) -> dict[str, torch.Tensor]:
+    """The log likelihood of each observation at each posterior draw, as NumPyro's
+    ``numpyro.infer.util.log_likelihood``: ``{site: (*batch, *site_batch_shape)}`` for
+    each observed site, masked, not scaled, with discrete latent sites summed out.
+
+    For LOO or WAIC (``arviz.loo``) of draws that did not come from :class:`MCMC` (whose
+    ``to_inference_data()`` holds them already): a guide's draws from :class:`Predictive`,
+    or another sampler's. ``posterior_samples`` hold a value per latent site (constrained,
+    with ``batch_ndims`` leading dims: 1 for ``(draws,)``, 2 for ``(chains, draws)``);
+    other entries (deterministic sites) are ignored. ``params`` are substituted into
+    ``pt.param`` sites of the model.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model(y):
+        ...     mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        ...     with pt.plate("n", len(y)):
+        ...         pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+        >>> y = torch.tensor([0.5, -1.0, 2.0])
+        >>> ll = log_likelihood(model, {"mu": torch.zeros(4, 100)}, y, batch_ndims=2)
+        >>> ll["y"].shape
+        torch.Size([4, 100, 3])
+        >>> torch.allclose(ll["y"][0, 0], dist.Normal(0.0, 1.0).log_prob(y))
+        True
+    """
+    if batch_ndims not in (1, 2):
+        raise ValueError(f"batch_ndims must be 1 (draws) or 2 (chains, draws), got {batch_ndims}")
+    if not posterior_samples:
+        raise ValueError("log_likelihood needs posterior_samples: a dict of draws per site")
+    if params is not None:
+        model = substitute(model, data=params)
+    potential = Potential(model, args, kwargs, compile=False)
+    missing = [name for name in potential.site_names if name not in posterior_samples]
+    if missing:
+        raise ValueError(
+            f"posterior_samples lack the latent sites {missing} of the model (latent sites: "
+            f"{potential.site_names}; discrete sites with a finite support are summed out)"
+        )
+    samples = {name: torch.as_tensor(value) for name, value in posterior_samples.items()}
+    first = next(iter(samples.values()))
+    batch = tuple(first.shape[:batch_ndims])
+    if len(first.shape) < batch_ndims:
+        raise ValueError(
+            f"posterior_samples[{next(iter(samples))!r}] has shape {tuple(first.shape)}, "
+            f"fewer than batch_ndims={batch_ndims} dims"
+        )
+    num = math.prod(batch)
+    flat = {}
+    for site in potential.sites:
+        value = samples[site.name]
+        if tuple(value.shape) != batch + tuple(site.shape):
+            raise ValueError(
+                f"posterior_samples[{site.name!r}] has shape {tuple(value.shape)}; with "
+                f"batch_ndims={batch_ndims} and draws of shape {batch} (from "
+                f"{next(iter(samples))!r}), site {site.name!r} of shape {tuple(site.shape)} "
+                f"needs {batch + tuple(site.shape)}"
+            )
+        flat[site.name] = value.reshape((num,) + tuple(site.shape)).to(potential.dtype)
+    if not flat:  # every latent site is summed out: one evaluation serves every draw
+        one = potential.log_likelihood({})
+        return {k: v[0].expand(batch + tuple(v.shape[1:])).clone() for k, v in one.items()}
+    out = potential.log_likelihood(flat)
+    return {name: value.reshape(batch + tuple(value.shape[1:])) for name, value in out.items()}
