@@ -916,6 +916,9 @@ class TraceGraph_ELBO(ELBO):
         for name, (guide_nodes, children) in plan.downstream.items():
             site = guide_trace[name]
             keep = {f.dim for f in site.cond_indep_stack}
+            # a term keeps a dim only where it lies in the same plate, by name: another
+            # plate at the same dim is not conditionally independent of the site
+            plates = {(f.name, f.dim) for f in site.cond_indep_stack}
             cost = None
             terms = []
             for node in guide_nodes:
@@ -925,7 +928,8 @@ class TraceGraph_ELBO(ELBO):
             for node in children:
                 terms.append((model_trace[node], site_log_prob(model_trace[node])))
             for term_site, value in terms:
-                shared = keep & {f.dim for f in term_site.cond_indep_stack}
+                frames = {(f.name, f.dim) for f in term_site.cond_indep_stack}
+                shared = {dim for _, dim in plates & frames}
                 value = _sum_to(value, shared)
                 cost = value if cost is None else cost + value
             cost = cost.detach()
