@@ -1035,3 +1035,41 @@ def test_hmc_also_samples_an_enumerated_model():
                 progress_bar=False, seed=0)  # fmt: skip
     mcmc.run(y)
     assert mcmc.get_samples()["p"].shape == (10,)
+
+
+def test_a_user_scale_multiplies_the_log_of_the_sum_over_discrete_sites():
+    # pt.handlers.scale (manual minibatch scaling, N / B) was applied to each term inside
+    # the sum over z: -sum_i log sum_z (p(z) p(y_i|z))^s, 24.97494 here, against Pyro's and
+    # the exact -s sum_i log p(y_i), 24.24338
+    y = torch.tensor([-2.1, 0.3, 2.4])
+    w, locs, s = torch.tensor([0.3, 0.7]), torch.tensor([-1.8, 2.0]), 4.0
+
+    def model():
+        with pt.plate("n", 3), pt.handlers.scale(scale=s):
+            z = pt.sample("z", dist.Categorical(w), infer={"enumerate": "parallel"})
+            pt.sample("y", dist.Normal(locs[z], 1.0), obs=y)
+
+    log_p = torch.logsumexp(w.log() + dist.Normal(locs, 1.0).log_prob(y[:, None]), -1)
+    loss = TraceEnum_ELBO().loss(model, lambda: None)
+    assert loss == pytest.approx(-(s * log_p).sum().item(), rel=1e-12)
+
+    def shifted():  # NUTS's potential, the same way: at shift = 0, the prior's and s log p
+        shift = pt.sample("shift", dist.Normal(0.0, 1.0))
+        with pt.plate("n", 3), pt.handlers.scale(scale=s):
+            z = pt.sample("z", dist.Categorical(w))
+            pt.sample("y", dist.Normal(locs[z] + shift, 1.0), obs=y)
+
+    value, _ = Potential(shifted, compile=False).value_and_grad(torch.zeros(1, 1))
+    exact = -(dist.Normal(0.0, 1.0).log_prob(torch.tensor(0.0)) + s * log_p.sum())
+    torch.testing.assert_close(value[0], exact)
+
+    def unshared():  # z unscaled, y scaled: no one scale for the log of their sum
+        with pt.plate("n", 3):
+            z = pt.sample("z", dist.Categorical(w), infer={"enumerate": "parallel"})
+            with pt.handlers.scale(scale=s):
+                pt.sample("y", dist.Normal(locs[z], 1.0), obs=y)
+
+    with pytest.raises(ValueError, match=r"sites 'z' \(scale 1\) and 'y' \(scale 4\) have "
+                       r"different pt.handlers.scale but are summed over together with the "
+                       r"discrete sites \['z'\]"):  # fmt: skip
+        TraceEnum_ELBO().loss(unshared, lambda: None)

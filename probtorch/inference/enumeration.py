@@ -47,6 +47,7 @@ import torch
 
 from ..handlers import site_log_prob
 from ..runtime import Message, Messenger
+from ..validation import readable
 
 __all__ = [
     "EnumerateSites",
@@ -96,21 +97,24 @@ class Factor:
     size)) and the summed-out sites whose values lie along its dims (dim -> :class:`Variable`:
     the sites that held those dims when it ran). A subsampled plate's scale (size /
     subsample size) is applied where the product over the plate is taken, after the sum
-    over the discrete sites local to it, so that the estimate stays unbiased; only a scale
-    of the user's (``pt.handlers.scale``) is in ``log_prob``."""
+    over the discrete sites local to it, so that the estimate stays unbiased. A scale of
+    the user's (``pt.handlers.scale``) is ``scale``, not in ``log_prob``: it multiplies the
+    log of the sum over the discrete sites, not each term inside it, as Pyro's
+    ``TraceEnum_ELBO`` does (the sites summed over together must share it)."""
 
     name: str
     log_prob: torch.Tensor
     plates: dict[str, tuple[int, int, int]]
     observed: bool
     variables: dict[int, Variable] = field(default_factory=dict)
+    scale: object = 1.0
 
     @classmethod
     def of_site(
         cls, msg: Message, log_prob: torch.Tensor | None = None, apply_scale: bool = True
     ) -> Factor:
-        """The site's factor; its log density (masked, and scaled by the user's scale with
-        ``apply_scale``) unless ``log_prob`` is given."""
+        """The site's factor; its log density (masked) unless ``log_prob`` is given, and
+        with ``apply_scale`` the user's scale."""
         plates = {f.name: (f.dim, f.subsample_size, f.size) for f in msg.cond_indep_stack}
         if log_prob is None:
             # a summed-out site's values do not vary along its plates: its density from the
@@ -120,9 +124,11 @@ class Factor:
             # took 70 % of a compiled mixture's)
             fn = msg.extra.get("unexpanded_fn") if msg.extra.get("enumerated") else None
             log_prob = site_log_prob(msg, apply_scale=False, fn=fn)
-            if apply_scale and msg.scale is not None:
-                log_prob = (msg.scale / _plate_scale(plates.values())) * log_prob
-        return cls(msg.name, log_prob, plates, msg.is_observed, msg.extra.get("enum_vars", {}))
+        scale = 1.0
+        if apply_scale and msg.scale is not None:
+            scale = msg.scale / _plate_scale(plates.values())
+        variables = msg.extra.get("enum_vars", {})
+        return cls(msg.name, log_prob, plates, msg.is_observed, variables, scale)
 
 
 def _plate_scale(plates: Iterable[tuple[int, int, int]]) -> float:
@@ -316,6 +322,44 @@ def _product(term: _Term, plates: Iterable[tuple[int, int, int]]) -> _Term:
             tensor = tensor.sum(dim, keepdim=True)
     scale = _plate_scale(plates)
     return _Term(tensor if scale == 1.0 else tensor * scale, term.dims)
+
+
+def _scaled(term: _Term, scale) -> _Term:
+    if isinstance(scale, float) and scale == 1.0:
+        return term
+    return _Term(term.tensor * scale, term.dims)
+
+
+def _common_scale(factors: list[Factor], names: dict[int, str], indices) -> object:
+    """The user's scale shared by the factors summed over together: the log of their sum
+    over the discrete sites is multiplied by it (Pyro's ``TraceEnum_ELBO`` asks for one
+    scale there too). Where values can be read, they must agree."""
+    scales = [f.scale for f in factors]
+    first = scales[0]
+    for factor, scale in zip(factors, scales):
+        if scale is first or not _readable_scale(scale) or not _readable_scale(first):
+            continue  # (compiled code: the eager evaluation before it checked them)
+        same = torch.equal(*torch.broadcast_tensors(torch.as_tensor(scale), torch.as_tensor(first)))
+        if not same:
+            summed = sorted({names[i] for i in indices})
+            raise ValueError(
+                f"sites {factors[0].name!r} (scale {_shown(first)}) and {factor.name!r} "
+                f"(scale {_shown(scale)}) have different pt.handlers.scale but are summed over "
+                f"together with the discrete sites {summed}: the scale multiplies the log of "
+                f"that sum, so they must share it, as in Pyro. Put the scale handler around "
+                f"all of them (the discrete sites too), or scale by a subsampled plate"
+            )
+    return first
+
+
+def _readable_scale(scale) -> bool:
+    return not isinstance(scale, torch.Tensor) or readable(scale)
+
+
+def _shown(scale) -> str:
+    if isinstance(scale, torch.Tensor) and scale.numel() == 1:
+        return f"{float(scale):g}"
+    return f"{scale:g}" if isinstance(scale, float) else f"tensor of shape {tuple(scale.shape)}"
 
 
 def _add(terms: list[torch.Tensor]) -> torch.Tensor:
@@ -561,19 +605,22 @@ def sum_out(
         for index in term.dims:
             _check_in_plates(factor, names[index], own_plates.get(names[index], {}))
         ordinal = frozenset(factor.plates) - frozenset(keep)
-        tree.setdefault(ordinal, []).append(term)
+        tree.setdefault(ordinal, []).append((term, factor))
 
     results = []
-    pairs = [(ordinal, term) for ordinal, terms in tree.items() for term in terms]
+    pairs = [(ordinal, term, factor) for ordinal, terms in tree.items() for term, factor in terms]
     for group, indices in _components(pairs, eliminate, key=lambda pair: pair[1]):
+        if not indices:  # no site summed out: each term scaled as it is
+            group = [(o, _scaled(t, f.scale), f) for o, t, f in group]
         if not indices and not keep and not kept:  # as the log joint sums it
-            for ordinal, term in group:
+            for ordinal, term, _ in group:
                 scale = _plate_scale(frames[p] for p in ordinal)
                 tensor = term.tensor.sum()
                 results.append(_Term(tensor if scale == 1.0 else tensor * scale, {}))
             continue
+        common = 1.0 if not indices else _common_scale([f for _, _, f in group], names, indices)
         subtree: dict[frozenset, list] = {}
-        for ordinal, term in group:
+        for ordinal, term, _ in group:
             subtree.setdefault(ordinal, []).append(term)
         steps: list | None = None if tape is None else []
         eliminated = _eliminate(
@@ -582,7 +629,7 @@ def sum_out(
         if tape is not None:
             tape.extend((variables[i], dims, joint) for i, dims, joint in steps)
         for ordinal, term in eliminated:
-            results.append(_product(term, (frames[p] for p in ordinal)))
+            results.append(_product(_scaled(term, common), (frames[p] for p in ordinal)))
     if not results:
         return torch.zeros(())
     if kept:
