@@ -306,14 +306,15 @@ class Predictive:
         """With ``infer_discrete``: the summed-out discrete sites drawn given each draw."""
         if not self.infer_discrete:
             return {}
-        model = self.model if self.params is None else substitute(self.model, data=self.params)
-        potential = Potential(model, args, kwargs, compile=False)
-        missing = [name for name in potential.site_names if name not in samples]
-        if missing:
-            raise ValueError(
-                f"Predictive(infer_discrete=True) draws the discrete sites given the "
-                f"continuous ones, but the posterior draws lack {missing}"
-            )
+        potential = _potential_of_draws(
+            self.model,
+            self.params,
+            args,
+            kwargs,
+            samples,
+            "Predictive(infer_discrete=True) draws the discrete sites given the continuous "
+            "ones, but the posterior draws lack",
+        )
         return potential.sample_discrete(samples, seed=rng_seed, num_draws=self.num_samples)
 
     # -- the model ---------------------------------------------------------------------
@@ -537,6 +538,21 @@ def _check_per_sample(fn, tr, out, proto, samples, num_samples, names, args, kwa
                     )
 
 
+def _potential_of_draws(model, params, args, kwargs, draws: dict, lack: str) -> Potential:
+    """The model's potential (``params`` substituted), where ``draws`` hold a value for each
+    of its continuous latent sites; else a ValueError: ``lack``, then the missing sites."""
+    if params is not None:
+        model = substitute(model, data=params)
+    potential = Potential(model, args, kwargs, compile=False)
+    missing = [name for name in potential.site_names if name not in draws]
+    if missing:
+        raise ValueError(
+            f"{lack} {missing} (the model's continuous latent sites: {potential.site_names}; "
+            f"discrete sites with a finite support are summed out)"
+        )
+    return potential
+
+
 def log_likelihood(
     model: Callable,
     posterior_samples: dict,
@@ -574,15 +590,9 @@ def log_likelihood(
         raise ValueError(f"batch_ndims must be 1 (draws) or 2 (chains, draws), got {batch_ndims}")
     if not posterior_samples:
         raise ValueError("log_likelihood needs posterior_samples: a dict of draws per site")
-    if params is not None:
-        model = substitute(model, data=params)
-    potential = Potential(model, args, kwargs, compile=False)
-    missing = [name for name in potential.site_names if name not in posterior_samples]
-    if missing:
-        raise ValueError(
-            f"posterior_samples lack the latent sites {missing} of the model (latent sites: "
-            f"{potential.site_names}; discrete sites with a finite support are summed out)"
-        )
+    potential = _potential_of_draws(
+        model, params, args, kwargs, posterior_samples, "posterior_samples lack the latent sites"
+    )
     samples = {name: torch.as_tensor(value) for name, value in posterior_samples.items()}
     first = next(iter(samples.values()))
     batch = tuple(first.shape[:batch_ndims])
