@@ -193,11 +193,8 @@ def check_observation(name: str, fn, value: torch.Tensor) -> None:
             f"more than once. Reshape the data or fix the plate/distribution shapes."
         )
     _check_infinite_observation(name, fn, value)
-    try:
-        support = fn.support
-    except NotImplementedError:
-        return
-    if constraints.is_dependent(support):
+    support = _checkable_support(fn)
+    if support is None:
         return
     valid = support.check(value)
     if not readable(valid):
@@ -229,6 +226,12 @@ def observation_in_support(fn, value: torch.Tensor) -> torch.Tensor | None:
     >>> observation_in_support(d.Exponential(1.0), torch.tensor([1.0, -1.0]))
     tensor(False)
     """
+    support = _checkable_support(fn)
+    return None if support is None else support.check(value).all()
+
+
+def _checkable_support(fn):
+    """``fn``'s support, or ``None`` where it has none that values can be checked against."""
     try:
         support = fn.support
     except NotImplementedError:
@@ -236,7 +239,7 @@ def observation_in_support(fn, value: torch.Tensor) -> torch.Tensor | None:
     # (isinstance, not constraints.is_dependent: Dynamo skips that function)
     if support is None or isinstance(support, constraints._Dependent):
         return None
-    return support.check(value).all()
+    return support
 
 
 def _check_infinite_observation(name: str, fn, value: torch.Tensor) -> None:

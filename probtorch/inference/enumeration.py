@@ -113,9 +113,10 @@ class Factor:
     def of_site(
         cls, msg: Message, log_prob: torch.Tensor | None = None, apply_scale: bool = True
     ) -> Factor:
-        """The site's factor; its log density (masked) unless ``log_prob`` is given, and
-        with ``apply_scale`` the user's scale."""
+        """The site's factor: its log density (masked) and, with ``apply_scale``, the
+        user's scale; or ``log_prob`` as given, with no scale added."""
         plates = {f.name: (f.dim, f.subsample_size, f.size) for f in msg.cond_indep_stack}
+        scale = 1.0  # (a given log_prob is taken as it is, scaled or not)
         if log_prob is None:
             # a summed-out site's values do not vary along its plates: its density from the
             # distribution before the plates broadcast it (size 1 along them, which the
@@ -124,9 +125,8 @@ class Factor:
             # took 70 % of a compiled mixture's)
             fn = msg.extra.get("unexpanded_fn") if msg.extra.get("enumerated") else None
             log_prob = site_log_prob(msg, apply_scale=False, fn=fn)
-        scale = 1.0
-        if apply_scale and msg.scale is not None:
-            scale = msg.scale / _plate_scale(plates.values())
+            if apply_scale and msg.scale is not None:
+                scale = msg.scale / _plate_scale(plates.values())
         variables = msg.extra.get("enum_vars", {})
         return cls(msg.name, log_prob, plates, msg.is_observed, variables, scale)
 

@@ -594,13 +594,14 @@ def log_likelihood(
         model, params, args, kwargs, posterior_samples, "posterior_samples lack the latent sites"
     )
     samples = {name: torch.as_tensor(value) for name, value in posterior_samples.items()}
-    first = next(iter(samples.values()))
-    batch = tuple(first.shape[:batch_ndims])
-    if len(first.shape) < batch_ndims:
+    first_name = next(iter(samples))
+    first = samples[first_name]
+    if first.dim() < batch_ndims:
         raise ValueError(
-            f"posterior_samples[{next(iter(samples))!r}] has shape {tuple(first.shape)}, "
-            f"fewer than batch_ndims={batch_ndims} dims"
+            f"posterior_samples[{first_name!r}] has shape {tuple(first.shape)}, fewer than "
+            f"batch_ndims={batch_ndims} dims"
         )
+    batch = tuple(first.shape[:batch_ndims])
     num = math.prod(batch)
     flat = {}
     for site in potential.sites:
@@ -609,7 +610,7 @@ def log_likelihood(
             raise ValueError(
                 f"posterior_samples[{site.name!r}] has shape {tuple(value.shape)}; with "
                 f"batch_ndims={batch_ndims} and draws of shape {batch} (from "
-                f"{next(iter(samples))!r}), site {site.name!r} of shape {tuple(site.shape)} "
+                f"{first_name!r}), site {site.name!r} of shape {tuple(site.shape)} "
                 f"needs {batch + tuple(site.shape)}"
             )
         flat[site.name] = value.reshape((num,) + tuple(site.shape)).to(potential.dtype)
