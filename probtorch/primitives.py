@@ -332,6 +332,7 @@ class plate(Messenger):
             raise ValueError(f"plate {name!r}: size must be >= 0, got {size}")
         if subsample is not None:
             subsample_size = _given_subsample(name, size, subsample, subsample_size)
+        asked = subsample_size
         if subsample_size is None:
             subsample_size = size
         subsample_size = int(subsample_size)
@@ -348,6 +349,16 @@ class plate(Messenger):
         self.dim: int | None = dim
         if subsample is None:
             subsample = _subsample_site(name, size, subsample_size)
+            if subsample.shape[0] != subsample_size:
+                # A handler gave the indices (the model replaying the guide's plate).
+                if asked is not None:
+                    raise ValueError(
+                        f"plate {name!r}: subsample_size={asked} but a handler (replay of "
+                        f"the guide's trace, or substitute) gave {subsample.shape[0]} "
+                        f"indices: do the model and the guide subsample this plate to "
+                        f"different sizes?"
+                    )
+                self.subsample_size = subsample_size = int(subsample.shape[0])
         self.indices: torch.Tensor = subsample
 
     def _allocate_dim(self) -> int:

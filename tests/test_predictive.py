@@ -446,3 +446,45 @@ def test_log_likelihood_sums_out_discrete_sites_and_names_bad_draws():
     with pytest.raises(ValueError, match=r"posterior_samples\['loc'\] has shape \(2, 3\); with "
                        r"batch_ndims=1 .* needs \(2,\)"):  # fmt: skip
         log_likelihood(mixture, {"loc": torch.zeros(2, 3)}, y)
+
+
+def _rows_model(y, subsample_size=None, idx=None):
+    """z_i is pinned near y_i = 10 i; the plate subsamples by size or by given indices."""
+    with pt.plate("data", 8, subsample_size=subsample_size, subsample=idx) as rows:
+        pt.deterministic("rows", rows.to(torch.get_default_dtype()))
+        z = pt.sample("z", dist.Normal(0.0, 100.0))
+        pt.sample("y", dist.Normal(z, 0.01), obs=y[rows])
+
+
+def _rows_guide(y, subsample_size=None, idx=None):
+    with pt.plate("data", 8, subsample_size=subsample_size, subsample=idx) as rows:
+        pt.sample("z", dist.Normal(y[rows], 0.01))
+
+
+def _assert_rows_met(out, size):
+    """Each predicted y sits at 10 x the row the model's plate used for it."""
+    assert out["y"].shape == (20, size)
+    torch.testing.assert_close(out["y"] / 10, out["rows"], atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("parallel", [None, False])
+@pytest.mark.parametrize("guide_kind", ["auto", "hand"])
+def test_a_guides_draws_take_the_rows_of_the_calls_subsample(guide_kind, parallel):
+    y = 10 * torch.arange(8.0)
+    if guide_kind == "auto":
+        guide = AutoNormal(_rows_model)
+        params = {"auto.loc.z": y, "auto.scale.z": torch.full((8,), 0.01)}
+    else:
+        guide, params = _rows_guide, None
+    predictive = Predictive(
+        _rows_model, guide=guide, params=params, num_samples=20, parallel=parallel
+    )
+    if guide_kind == "auto":  # set up on a subsampled call, as SVI on minibatches would be
+        predictive(y, subsample_size=3, seed=0)
+    _assert_rows_met(predictive(y, seed=1), 8)
+    out = predictive(y, subsample_size=3, seed=2)
+    _assert_rows_met(out, 3)
+    assert (out["rows"] == out["rows"][:1]).all()  # one subsample for every draw
+    out = predictive(y, idx=torch.tensor([6, 1]), seed=3)
+    _assert_rows_met(out, 2)
+    assert (out["rows"] == torch.tensor([6.0, 1.0])).all()

@@ -607,3 +607,18 @@ def test_plate_expansion_keeps_has_rsample_flag():
     site = pt.handlers.trace(pt.handlers.seed(model, rng_seed=0)).get_trace()["x"]
     assert site.fn.batch_shape == (3,)
     assert site.fn.has_rsample is False
+
+
+def test_a_plate_takes_the_size_of_indices_a_handler_gives():
+    """The model replaying a guide that subsamples a plate the model leaves full (Pyro)."""
+
+    def model(subsample_size=None):
+        with pt.plate("data", 10, subsample_size=subsample_size):
+            return pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.zeros(3))
+
+    given = {"data": torch.tensor([7, 1, 4])}
+    tr = trace(substitute(model, data=given)).get_trace()
+    assert tr["y"].cond_indep_stack == (CondIndepStackFrame("data", -1, 10, 3),)
+    assert tr["y"].scale == pytest.approx(10 / 3)
+    with pytest.raises(ValueError, match=r"plate 'data': subsample_size=2 but .* gave 3 indices"):
+        trace(substitute(model, data=given)).get_trace(subsample_size=2)

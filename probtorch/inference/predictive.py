@@ -34,7 +34,7 @@ import torch
 from .._caller import warn_at_caller
 from ..handlers import Trace, seed, substitute, trace
 from ..primitives import deterministic, plate
-from ..runtime import Message, Messenger
+from ..runtime import Message, Messenger, get_stack
 from ..validation import num_event_dims
 from .autoguide.base import AutoGuide
 from .potential import Potential
@@ -273,9 +273,9 @@ class Predictive:
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         with torch.no_grad(), _seed(int(seed)):
-            samples = self._posterior_draws(args, kwargs)
+            samples, subsamples = self._posterior_draws(args, kwargs)
             discrete = self._discrete_draws(samples, args, kwargs, int(seed))
-            out = self._predict({**samples, **discrete}, args, kwargs)
+            out = self._predict({**samples, **discrete}, subsamples, args, kwargs)
             if self.return_sites is None:
                 out = {**discrete, **out}
         return {
@@ -283,24 +283,45 @@ class Predictive:
         }
 
     # -- posterior draws -------------------------------------------------------------
-    def _posterior_draws(self, args, kwargs) -> dict[str, torch.Tensor]:
+    def _posterior_draws(self, args, kwargs) -> tuple[dict, dict]:
+        """The posterior draws ``{site: (S, ...)}``, and the indices of the guide's
+        subsampled plates ``{plate: indices}``, one subsample for every draw, which the
+        model's plates then take too (as in SVI, where the model replays the guide's)."""
         if self.posterior_samples is not None:
             lead = self.batch_ndims
-            return {
+            samples = {
                 name: value.reshape((self.num_samples,) + value.shape[lead:])
                 for name, value in self.posterior_samples.items()
             }
+            return samples, {}
         if self.guide is None:
-            return {}
+            return {}, {}
         if isinstance(self.guide, AutoGuide):
             self.guide._ensure_prototype(args, kwargs)
-            return self.guide.sample_posterior(self.num_samples, params=self.params)
+            draws = self.guide.sample_posterior(self.num_samples, params=self.params)
+            return self._subsampled(draws, args, kwargs)
         guide = self.guide
         if self.params is not None:
             guide = substitute(guide, data=self.params)
         proto = trace(guide).get_trace(*args, **kwargs)
+        indices = _subsample_indices(proto)
+        guide = substitute(guide, data=indices)
         names = [name for name, site in proto.items() if _is_latent(site)]
-        return _run(guide, {}, self.num_samples, proto, names, self.parallel, args, kwargs)
+        draws = _run(guide, {}, self.num_samples, proto, names, self.parallel, args, kwargs)
+        return draws, indices
+
+    def _subsampled(self, draws: dict, args, kwargs) -> tuple[dict, dict]:
+        """An autoguide's full-size draws cut to the rows of the subsamples this call of the
+        model takes (its plates' own or its arguments'), and those plates' indices."""
+        model = self.model if self.params is None else substitute(self.model, data=self.params)
+        rows = _RowsOfSubsample(model, draws)
+        rows(*args, **kwargs)
+        cut = {}
+        for name, value in draws.items():
+            for dim, plate_name in rows.cuts.get(name, ()):
+                value = value.index_select(dim, rows.indices[plate_name])
+            cut[name] = value
+        return cut, rows.indices
 
     def _discrete_draws(self, samples, args, kwargs, rng_seed) -> dict[str, torch.Tensor]:
         """With ``infer_discrete``: the summed-out discrete sites drawn given each draw."""
@@ -318,19 +339,22 @@ class Predictive:
         return potential.sample_discrete(samples, seed=rng_seed, num_draws=self.num_samples)
 
     # -- the model ---------------------------------------------------------------------
-    def _predict(self, samples, args, kwargs) -> dict[str, torch.Tensor]:
+    def _predict(self, samples, subsamples, args, kwargs) -> dict[str, torch.Tensor]:
         model = self.model
         if self.return_sites is not None and _RETURN in self.return_sites:
             model = _record_return(model)
         model = _uncondition(model)
         if self.params is not None:
             model = substitute(model, data=self.params)
+        model = substitute(model, data=subsamples)
         first = {name: value[0] for name, value in samples.items()}
         checked = model  # a guide's draws are shaped by the model's sites
         if self.posterior_samples is not None:
             checked = _check_draw_shapes(model, first, self._sample_shape, self.batch_ndims)
         proto = trace(substitute(checked, data=first)).get_trace(*args, **kwargs)
         names = self._return_names(proto, samples)
+        # The model's own subsampled plates: one subsample for every draw, batched or not.
+        model = substitute(model, data=_subsample_indices(proto))
         return _run(model, samples, self.num_samples, proto, names, self.parallel, args, kwargs)
 
     def _return_names(self, proto: Trace, samples: dict) -> list[str]:
@@ -353,6 +377,45 @@ class Predictive:
                 f"its sites are {list(sites)}"
             )
         return list(self.return_sites)
+
+
+class _RowsOfSubsample(Messenger):
+    """Runs the model with a guide's first full-size draw at each latent site, cut to the
+    rows of each enclosing subsampled plate. Records ``cuts[site]``, the ``(dim, plate)``
+    pairs it cut along (dims from the right, so they apply to all draws at once), and the
+    ``indices`` of those plates."""
+
+    def __init__(self, fn, draws: dict):
+        super().__init__(fn)
+        self.draws = draws
+        self.cuts: dict[str, list[tuple[int, str]]] = {}
+        self.indices: dict[str, torch.Tensor] = {}
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "sample" or msg.is_observed or msg.name not in self.draws:
+            return
+        value = self.draws[msg.name][0]
+        event_dim = num_event_dims(msg.fn)
+        cuts = []
+        for handler in get_stack():
+            if not isinstance(handler, plate) or handler.subsample_size == handler.size:
+                continue
+            dim = handler.dim - event_dim
+            if value.dim() >= -dim and value.shape[dim] == handler.size:
+                value = value.index_select(dim, handler.indices)
+                cuts.append((dim, handler.name))
+                self.indices[handler.name] = handler.indices
+        self.cuts[msg.name] = cuts
+        msg.value = value
+
+
+def _subsample_indices(tr: Trace) -> dict[str, torch.Tensor]:
+    """``{plate: indices}`` of the plates that drew a subsample in the run ``tr``."""
+    return {
+        name: site.value
+        for name, site in tr.items()
+        if site.type == "plate" and site.args[1] < site.args[0]
+    }
 
 
 def _record_return(model: Callable) -> Callable:

@@ -187,6 +187,12 @@ class AutoGuide:
         init_loc_fn: initialization strategy (``probtorch.inference.init_strategies``) giving
             the initial location of each latent site, in constrained space.
         init_scale: initial scale (standard deviation in unconstrained space).
+        create_plates: as Pyro's: a function of the model's arguments returning a plate, or
+            a list of plates, for the guide to use instead of plates it builds itself. A
+            model whose plate takes its subsample from the arguments
+            (``pt.plate("data", n, subsample=idx)``, a data loader's minibatch) needs it, so
+            that the guide's draws are the rows of that subsample; plates that draw their
+            own subsample share it with the model's through the guide's trace.
 
     Example::
 
@@ -208,16 +214,26 @@ class AutoGuide:
         prefix: str = "auto",
         init_loc_fn: Callable = init_to_median,
         init_scale: float = 0.1,
+        create_plates: Callable | None = None,
     ):
         if not callable(model):
             raise TypeError(f"{type(self).__name__} needs a callable model, got {model!r}")
+        if create_plates is not None and not callable(create_plates):
+            raise TypeError(
+                f"{type(self).__name__}: create_plates must be a function of the model's "
+                f"arguments returning plates, got {create_plates!r}"
+            )
         if not init_scale > 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.model = model
         self.prefix = prefix
         self.init_loc_fn = init_loc_fn
         self.init_scale = float(init_scale)
+        self.create_plates = create_plates
         self.prototype_trace: Trace | None = None
+        # Subsampled plates whose indices the model takes from its arguments (no plate
+        # site records them): create_plates must give the guide those plates.
+        self._subsample_given: dict[str, CondIndepStackFrame] = {}
         self.latents: dict[str, LatentSite] = {}
         # Params that do not come from a store (the guide of a Laplace approximation).
         self._fixed_params: dict[str, torch.Tensor] | None = None
@@ -249,6 +265,13 @@ class AutoGuide:
                 f"nothing for a guide to approximate"
             )
         self.latents = latents
+        drawn = {name for name, site in tracer.trace.items() if site.type == "plate"}
+        self._subsample_given = {
+            frame.name: frame
+            for site in latents.values()
+            for frame in site.subsampled_frames
+            if frame.name not in drawn
+        }
         self._check_prototype()
 
     def _latent_site(self, site: Message) -> LatentSite:
@@ -310,15 +333,43 @@ class AutoGuide:
                 f"once with the model's arguments (SVI does this), e.g. guide(*args)"
             )
 
-    def _create_plates(self) -> dict[str, plate]:
-        """One plate per name seen in the prototype, as the model built it."""
-        plates: dict[str, plate] = {}
+    def _create_plates(self, args: tuple, kwargs: dict) -> dict[str, plate]:
+        """The plates of the latent sites: ``create_plates``'s, and for the others one per
+        name seen in the prototype, as the model built it."""
+        plates = self._given_plates(args, kwargs)
         for site in self.latents.values():
             for frame in site.frames:
                 if frame.name not in plates:
                     plates[frame.name] = plate(
                         frame.name, frame.size, subsample_size=frame.subsample_size, dim=frame.dim
                     )
+        return plates
+
+    def _given_plates(self, args: tuple, kwargs: dict) -> dict[str, plate]:
+        given = () if self.create_plates is None else self.create_plates(*args, **kwargs)
+        if isinstance(given, plate):
+            given = (given,)
+        plates = {}
+        for p in given:
+            if not isinstance(p, plate):
+                raise TypeError(
+                    f"{type(self).__name__}: create_plates must return a plate or a list of "
+                    f"plates (pt.plate(...)), got {type(p).__name__}"
+                )
+            plates[p.name] = p
+        missing = [f for name, f in self._subsample_given.items() if name not in plates]
+        if missing:
+            frame = missing[0]
+            raise ValueError(
+                f"{type(self).__name__}: plate {frame.name!r} takes its subsample of "
+                f"{frame.subsample_size} of {frame.size} from the model's arguments "
+                f"(pt.plate(..., subsample=indices)), which the guide does not see, so its "
+                f"draws would be other rows than the model's. Pass create_plates, a function "
+                f"of the model's arguments returning that plate, as in Pyro: "
+                f"{type(self).__name__}(model, create_plates=lambda *args, **kwargs: "
+                f"pt.plate({frame.name!r}, {frame.size}, subsample=<the same indices>, "
+                f"dim={frame.dim}))"
+            )
         return plates
 
     # -- params ----------------------------------------------------------------------

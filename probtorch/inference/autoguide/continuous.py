@@ -112,7 +112,7 @@ class AutoContinuous(AutoGuide):
         self._ensure_prototype(args, kwargs)
         posterior = self._posterior(self._create_params())
         z = sample(f"_{self.prefix}_latent", posterior, infer={"is_auxiliary": True})
-        plates = self._create_plates()
+        plates = self._create_plates(args, kwargs)
         result = {}
         for name, unconstrained in self.unpack(z, align=True).items():
             site = self.latents[name]

@@ -83,7 +83,7 @@ class AutoNormal(AutoGuide):
     def __call__(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         self._ensure_prototype(args, kwargs)
         values = self._create_params()
-        plates = self._create_plates()
+        plates = self._create_plates(args, kwargs)
         result = {}
         for name, site in self.latents.items():
 
@@ -172,7 +172,7 @@ class AutoDelta(AutoGuide):
     def __call__(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         self._ensure_prototype(args, kwargs)
         values = self._create_params()
-        plates = self._create_plates()
+        plates = self._create_plates(args, kwargs)
         result = {}
         for name, site in self.latents.items():
 
