@@ -146,7 +146,9 @@ def param(
     """A learnable parameter, stored unconstrained and returned constrained.
 
     Outside inference it lives in the default store (:func:`probtorch.get_param_store`);
-    ``SVI`` gives each run its own store.
+    ``SVI`` gives each run its own store. ``event_dim`` (as in Pyro) counts the rightmost
+    dims that are not batch dims: inside a subsampled plate, the param holds every row and
+    returns the rows of the subsample.
 
     Example::
 
@@ -294,6 +296,18 @@ def _given_subsample(name: str, size: int, indices, subsample_size) -> int:
     return count
 
 
+class _ScaledBy(Messenger):
+    """Multiplies the scale of the sample sites inside by ``factor`` (1: leaves it)."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type == "sample" and self.factor != 1:
+            msg.scale = self.factor if msg.scale is None else msg.scale * self.factor
+
+
 class plate(Messenger):
     """A vectorized conditional-independence context of ``size`` elements along ``dim``.
 
@@ -304,6 +318,11 @@ class plate(Messenger):
     NumPyro, the indices are drawn once, when the plate is built, so a plate entered several
     times uses the same subsample each time. ``subsample=indices`` gives the indices
     instead (a minibatch chosen by a data loader): ``subsample_size`` is their number.
+
+    Iterated, ``for i in pt.plate("groups", n):``, it is Pyro's sequential plate: the body
+    runs once per index (a Python int), not vectorized, with the sites in it scaled by
+    ``size / subsample_size``. The inference algorithms read no independence from it (no
+    batch dim, no frame): their results are those of the same loop without a plate.
 
     Example::
 
@@ -360,6 +379,18 @@ class plate(Messenger):
                     )
                 self.subsample_size = subsample_size = int(subsample.shape[0])
         self.indices: torch.Tensor = subsample
+
+    def __iter__(self):
+        if self._user_dim is not None:
+            raise ValueError(
+                f"plate {self.name!r}: a plate with dim={self._user_dim} is vectorized; "
+                f"iterate a plate built without dim (Pyro's sequential plate)"
+            )
+        rows = range(self.size) if self.subsample_size == self.size else self.indices.tolist()
+        scaled = _ScaledBy(self.size / self.subsample_size)
+        for i in rows:
+            with scaled:
+                yield i
 
     def _allocate_dim(self) -> int:
         used = {h.dim for h in get_stack() if isinstance(h, plate) and h is not self}
@@ -423,6 +454,26 @@ class plate(Messenger):
         if n != self.size:
             factor = self.size / n
             msg.scale = factor if msg.scale is None else msg.scale * factor
+
+    def postprocess_message(self, msg: Message) -> None:
+        """As in Pyro: ``param(..., event_dim=k)`` inside the plate is a full-size param
+        whose rows along the plate's dim are cut to the subsample."""
+        event_dim = msg.kwargs.get("event_dim") if msg.type == "param" else None
+        if event_dim is None or msg.value is None:
+            return
+        dim = self.dim - int(event_dim)
+        shape = msg.value.shape
+        if len(shape) < -dim or shape[dim] == 1:
+            return
+        if shape[dim] != self.size:
+            raise ValueError(
+                f"param {msg.name!r}: shape {tuple(shape)} with event_dim={event_dim} puts "
+                f"size {shape[dim]} at plate {self.name!r}'s dim {self.dim}, whose size is "
+                f"{self.size} (a param inside a plate holds every row; its rows are cut to "
+                f"the subsample)"
+            )
+        if self.subsample_size < self.size:
+            msg.value = msg.value.index_select(dim, self.indices)
 
 
 class markov(Messenger):

@@ -622,3 +622,76 @@ def test_a_plate_takes_the_size_of_indices_a_handler_gives():
     assert tr["y"].scale == pytest.approx(10 / 3)
     with pytest.raises(ValueError, match=r"plate 'data': subsample_size=2 but .* gave 3 indices"):
         trace(substitute(model, data=given)).get_trace(subsample_size=2)
+
+
+def test_a_param_with_event_dim_inside_a_subsampled_plate_gives_the_rows_of_the_subsample():
+    def guide():
+        with pt.plate("data", 10, subsample_size=3) as idx:
+            loc = pt.param("loc", torch.arange(10.0), event_dim=0)
+            pairs = pt.param("pairs", torch.arange(20.0).reshape(10, 2), event_dim=1)
+            whole = pt.param("whole", torch.arange(10.0))  # no event_dim: left as it is
+        return idx, loc, pairs, whole
+
+    with pt.param_scope(pt.ParamStore()):
+        idx, loc, pairs, whole = seed(guide, rng_seed=0)()
+    assert torch.equal(loc, idx.float())
+    assert torch.equal(pairs, torch.arange(20.0).reshape(10, 2)[idx])
+    assert whole.shape == (10,)
+
+    def wrong():
+        with pt.plate("data", 10, subsample_size=3):
+            pt.param("loc", torch.zeros(4), event_dim=0)
+
+    with (
+        pt.param_scope(pt.ParamStore()),
+        pytest.raises(
+            ValueError,
+            match=r"param 'loc': shape \(4,\) with event_dim=0 .* plate 'data'.*size is 10",
+        ),
+    ):
+        seed(wrong, rng_seed=0)()
+
+
+def test_a_local_guide_with_params_cut_to_the_subsample_fits_each_row():
+    from probtorch.inference import SVI, Trace_ELBO
+
+    y = torch.arange(8.0)
+
+    def model():
+        with pt.plate("data", 8, subsample_size=3) as idx:
+            z = pt.sample("z", dist.Normal(0.0, 10.0))
+            pt.sample("y", dist.Normal(z, 0.1), obs=y[idx])
+
+    def guide():
+        with pt.plate("data", 8, subsample_size=3):
+            loc = pt.param("loc", torch.zeros(8), event_dim=0)
+            pt.sample("z", dist.Normal(loc, 0.05))
+
+    svi = SVI(model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), seed=0)
+    svi.run(1500, progress_bar=False)
+    # each row's loc meets its own datum (other rows' data would put it units away)
+    torch.testing.assert_close(svi.get_params()["loc"], y, atol=0.5, rtol=0)
+
+
+def test_an_iterated_plate_runs_the_body_per_index_with_the_subsample_scale(f64):
+    data = torch.tensor([0.3, -1.2, 2.5, 0.0, 1.1, -0.7])
+
+    def model(subsample_size=None):
+        seen = []
+        for i in pt.plate("rows", 6, subsample_size=subsample_size):
+            seen.append(i)
+            pt.sample(f"y_{i}", dist.Normal(0.5, 2.0), obs=data[i])
+        return seen
+
+    tracer = trace(seed(model, rng_seed=3))
+    assert tracer() == list(range(6))
+    expected = stats.norm(0.5, 2.0).logpdf(data.numpy()).sum()
+    assert float(tracer.trace.log_prob_sum()) == pytest.approx(expected, rel=1e-12)
+    tracer = trace(seed(model, rng_seed=3))
+    seen = tracer(subsample_size=2)
+    assert seen == tracer.trace["rows"].value.tolist() and len(set(seen)) == 2
+    assert all(tracer.trace[f"y_{i}"].scale == pytest.approx(3.0) for i in seen)
+    expected = 3.0 * stats.norm(0.5, 2.0).logpdf(data[seen].numpy()).sum()
+    assert float(tracer.trace.log_prob_sum()) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match=r"plate 's': a plate with dim=-1 is vectorized"):
+        list(pt.plate("s", 3, dim=-1))
