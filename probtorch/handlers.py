@@ -85,6 +85,37 @@ def _unvalidated_log_prob(fn, value: torch.Tensor) -> torch.Tensor:
             inner._validate_args = True
 
 
+def _named_site_log_prob(site: Message, apply_scale: bool = True) -> torch.Tensor:
+    """:func:`site_log_prob`, whose errors name the site, its distribution and the shapes
+    (as Pyro's ``Trace.compute_log_prob`` does): a value replayed or substituted with the
+    wrong shape fails here, far from where it was given."""
+    try:
+        return site_log_prob(site, apply_scale=apply_scale)
+    except (ValueError, RuntimeError, TypeError, IndexError) as error:
+        fn, value = site.fn, site.value
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        where = (
+            f"{type(fn).__name__} with batch_shape {tuple(fn.batch_shape)}, event_shape "
+            f"{tuple(fn.event_shape)}"
+            if isinstance(fn, torch.distributions.Distribution)
+            else type(fn).__name__
+        )
+        mask = site.mask
+        if isinstance(mask, torch.Tensor):
+            where += f", mask of shape {tuple(mask.shape)}"
+        kind = "observed" if site.is_observed else "latent"
+        plates = [frame.name for frame in site.cond_indep_stack]
+        message = (
+            f"computing the log density of site {site.name!r} ({kind}; {where}; value of "
+            f"shape {shape}; plates {plates}) failed: {error}"
+        )
+        try:
+            named = type(error)(message)
+        except Exception:  # an exception type that takes other arguments
+            named = RuntimeError(message)
+        raise named from error
+
+
 class Trace(OrderedDict):
     """An ordered record ``name -> Message`` of one run of a model.
 
@@ -110,7 +141,7 @@ class Trace(OrderedDict):
         """Store ``site.log_prob`` on every sample site (masked, scaled)."""
         for site in self.sample_sites().values():
             if site.log_prob is None:
-                site.log_prob = site_log_prob(site)
+                site.log_prob = _named_site_log_prob(site)
 
     def log_densities(self) -> dict[str, torch.Tensor]:
         """Per-site log densities, broadcast over plates, masked and scaled."""
@@ -128,7 +159,7 @@ class Trace(OrderedDict):
     def log_likelihood(self) -> dict[str, torch.Tensor]:
         """Pointwise log likelihood of the observed sites (masked, not scaled)."""
         return {
-            name: site_log_prob(site, apply_scale=False)
+            name: _named_site_log_prob(site, apply_scale=False)
             for name, site in self.sample_sites(observed=True).items()
             if not site.infer.get("is_auxiliary", False)
         }
@@ -158,6 +189,16 @@ class trace(Messenger):
     def __init__(self, fn: Callable | None = None):
         super().__init__(fn)
         self.trace = Trace()
+
+    @property
+    def trace(self) -> Trace:
+        """The record of the latest run (one record for every model that one ``trace()``
+        handler wraps, as in Pyro)."""
+        return (self if self._shared is None else self._shared)._record
+
+    @trace.setter
+    def trace(self, record: Trace) -> None:
+        (self if self._shared is None else self._shared)._record = record
 
     def __enter__(self):
         super().__enter__()
@@ -264,7 +305,8 @@ class substitute(Messenger):
 
 
 class condition(Messenger):
-    """Observe sample sites at ``data[name]``: they become likelihood terms.
+    """Observe sample sites at ``data[name]``: they become likelihood terms. ``data`` may
+    also be a :class:`Trace`, whose sample sites' values are observed (as in Pyro).
 
     Example::
 
@@ -277,7 +319,7 @@ class condition(Messenger):
         True
     """
 
-    def __init__(self, fn: Callable | None = None, data: dict | None = None):
+    def __init__(self, fn: Callable | None = None, data: dict | Trace | None = None):
         super().__init__(fn)
         self.data = {} if data is None else data
 
@@ -285,6 +327,10 @@ class condition(Messenger):
         if msg.type != "sample" or msg.name not in self.data:
             return
         value = self.data[msg.name]
+        if isinstance(self.data, Trace):  # a recorded run, as in Pyro: its sample sites
+            if value.type != "sample":
+                return
+            value = value.value
         msg.value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
         msg.is_observed = True
         msg.extra["conditioned"] = True  # fixed by the user: Predictive keeps the value
@@ -293,51 +339,93 @@ class condition(Messenger):
 class block(Messenger):
     """Hide sites from the handlers outside this one (all sites unless told otherwise).
 
+    As in Pyro, a site is hidden if its name is in ``hide``, or its type in ``hide_types``,
+    or if it is neither in ``expose`` nor of a type in ``expose_types`` while ``hide_all``
+    holds; for this an observed sample site has the type ``"observe"``. ``hide_all`` is
+    True unless ``expose_all`` is, and is then set by each of ``hide`` (False), ``expose``
+    (True), ``hide_types`` (False), ``expose_types`` (True) that is given, in this order.
+    ``hide_fn(msg)`` (or ``expose_fn(msg)``, its negation) replaces the rule.
+
     Example::
 
         >>> import probtorch as pt, probtorch.distributions as dist
         >>> def model():
         ...     pt.sample("a", dist.Normal(0.0, 1.0))
         ...     pt.sample("b", dist.Normal(0.0, 1.0))
+        ...     pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
         >>> seeded = pt.handlers.seed(model, rng_seed=0)
         >>> list(pt.handlers.trace(pt.handlers.block(seeded, hide=["a"])).get_trace())
-        ['b']
+        ['b', 'y']
+        >>> list(pt.handlers.trace(pt.handlers.block(seeded, hide_types=["observe"])).get_trace())
+        ['a', 'b']
     """
 
     def __init__(
         self,
         fn: Callable | None = None,
         hide_fn: Callable[[Message], bool] | None = None,
+        expose_fn: Callable[[Message], bool] | None = None,
+        hide_all: bool | None = None,
+        expose_all: bool = False,
         hide: Iterable[str] | None = None,
         expose: Iterable[str] | None = None,
         hide_types: Iterable[str] | None = None,
         expose_types: Iterable[str] | None = None,
     ):
         super().__init__(fn)
+        if hide_fn is not None and expose_fn is not None:
+            raise ValueError("block: give only one of hide_fn or expose_fn")
         if hide_fn is not None:
             self.hide_fn = hide_fn
-        elif hide is not None:
-            hidden = set(hide)
-            self.hide_fn = lambda msg: msg.name in hidden
-        elif expose is not None:
-            exposed = set(expose)
-            self.hide_fn = lambda msg: msg.name not in exposed
-        elif hide_types is not None:
-            hidden_types = set(hide_types)
-            self.hide_fn = lambda msg: msg.type in hidden_types
-        elif expose_types is not None:
-            exposed_types = set(expose_types)
-            self.hide_fn = lambda msg: msg.type not in exposed_types
+        elif expose_fn is not None:
+            self.hide_fn = lambda msg: not expose_fn(msg)
         else:
-            self.hide_fn = lambda msg: True
+            self.hide_fn = _block_rule(hide_all, expose_all, hide, expose, hide_types, expose_types)
 
     def process_message(self, msg: Message) -> None:
         if self.hide_fn(msg):
             msg.stop = True
 
 
+def _block_rule(hide_all, expose_all, hide, expose, hide_types, expose_types):
+    """Pyro's default ``hide_fn`` of ``block`` (its ``_make_default_hide_fn``)."""
+    if hide_all is None:
+        hide_all = not expose_all  # (Pyro asks for hide_all=False with expose_all=True)
+    elif hide_all and expose_all:
+        raise ValueError("block: hide_all and expose_all cannot both be True")
+    if hide is not None:
+        hide_all = False
+    if expose is not None:
+        hide_all = True
+    if hide_types is not None:
+        hide_all = False
+    if expose_types is not None:
+        hide_all = True
+    hide = frozenset(() if hide is None else hide)
+    expose = frozenset(() if expose is None else expose)
+    hide_types = frozenset(() if hide_types is None else hide_types)
+    expose_types = frozenset(() if expose_types is None else expose_types)
+    if hide & expose:
+        raise ValueError(f"block: cannot hide and expose a site: {sorted(hide & expose)}")
+    if hide_types & expose_types:
+        raise ValueError(
+            f"block: cannot hide and expose a site type: {sorted(hide_types & expose_types)}"
+        )
+
+    def hide_fn(msg: Message) -> bool:
+        msg_type = "observe" if msg.type == "sample" and msg.is_observed else msg.type
+        if msg.name in hide or msg_type in hide_types:
+            return True
+        return hide_all and msg.name not in expose and msg_type not in expose_types
+
+    return hide_fn
+
+
 class replay(Messenger):
     """Give latent sample sites (and plate indices) the values recorded in ``trace``.
+
+    As in Pyro, a replayed sample site takes the ``infer`` dict of the trace's site (a
+    copy), and a site observed in ``trace`` cannot be replayed into a latent one.
 
     Example::
 
@@ -364,7 +452,14 @@ class replay(Messenger):
                 f"replay: site {msg.name!r} is a {msg.type} site in the model but a "
                 f"{guide_site.type} site in the replayed trace"
             )
+        if guide_site.is_observed:
+            raise ValueError(
+                f"replay: site {msg.name!r} must be sampled in trace, but it is observed "
+                f"there (a latent site of the model cannot take an observed value)"
+            )
         msg.value = guide_site.value
+        if msg.type == "sample":
+            msg.infer = dict(guide_site.infer)  # as in Pyro (a copy: the trace's stays)
 
 
 def _check_scale(scale) -> None:

@@ -55,8 +55,9 @@ class LocScaleReparam(Reparam):
 
     Args:
         centered: degree of centering in [0, 1], or None to learn it.
-        shape_params: names of other parameters of the family to carry over (e.g. ``("df",)``
-            for StudentT).
+        shape_params: names of the other parameters of the family, carried over to the
+            decentered distribution; by default (None) every parameter other than ``loc``
+            and ``scale`` (its ``arg_constraints``: ``df`` of StudentT), as in Pyro.
 
     Example::
 
@@ -69,11 +70,13 @@ class LocScaleReparam(Reparam):
         (0.0, 1.0)
     """
 
-    def __init__(self, centered: float | torch.Tensor | None = None, shape_params=()):
+    def __init__(self, centered: float | torch.Tensor | None = None, shape_params=None):
         if isinstance(centered, (int, float)) and not 0 <= centered <= 1:
             raise ValueError(f"LocScaleReparam: centered must lie in [0, 1], got {centered}")
         self.centered = centered
-        self.shape_params = tuple(shape_params)
+        if isinstance(shape_params, str):
+            shape_params = (shape_params,)
+        self.shape_params = None if shape_params is None else tuple(shape_params)
 
     def __call__(self, name, fn, obs):
         self._require_latent(name, obs, "LocScaleReparam")
@@ -93,10 +96,26 @@ class LocScaleReparam(Reparam):
                 lambda: torch.full(event_shape, 0.5, dtype=fn.loc.dtype),
                 constraint=constraints.unit_interval,
             )
-        params = {key: getattr(fn, key) for key in self.shape_params}
-        params["loc"] = fn.loc * centered
-        params["scale"] = fn.scale**centered
-        decentered_fn = self._wrap(type(fn)(**params), expand_shape, event_dim)
+        shape_params = self.shape_params
+        if shape_params is None:  # (worked out per site: one instance may serve several)
+            shape_params = tuple(k for k in fn.arg_constraints if k not in ("loc", "scale"))
+        try:
+            params = {key: getattr(fn, key) for key in shape_params}
+            params["loc"] = fn.loc * centered
+            params["scale"] = fn.scale**centered
+            decentered_fn = type(fn)(**params)
+        except (TypeError, AttributeError, ValueError, RuntimeError) as error:
+            message = (
+                f"LocScaleReparam: site {name!r}: could not build the decentered "
+                f"{type(fn).__name__} from loc, scale and shape_params={shape_params!r} "
+                f"(name the family's other parameters in shape_params=): {error}"
+            )
+            try:
+                named = type(error)(message)
+            except Exception:  # an exception type that takes other arguments
+                named = ValueError(message)
+            raise named from error
+        decentered_fn = self._wrap(decentered_fn, expand_shape, event_dim)
         decentered = sample(f"{name}_decentered", decentered_fn)
         value = fn.loc + fn.scale ** (1 - centered) * (decentered - centered * fn.loc)
         return None, value

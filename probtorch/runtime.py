@@ -11,6 +11,7 @@ inside ``torch.compile``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -151,8 +152,10 @@ class Messenger:
     """Base class of effect handlers: a context manager that is also a decorator.
 
     ``handler(fn)(*args)`` runs ``fn`` with the handler active; ``with handler: ...`` does the
-    same for a block. Subclasses override ``process_message`` and/or
-    ``postprocess_message``.
+    same for a block. A handler built without a function, ``h = handler(...)``, is also a
+    decorator: as in Pyro, each ``h(fn)`` is a new callable (a copy of ``h`` that runs
+    ``fn``) that enters ``h`` itself, so one handler may wrap several functions. Subclasses
+    override ``process_message`` and/or ``postprocess_message``.
 
     Example::
 
@@ -197,19 +200,33 @@ class Messenger:
 
     def __call__(self, *args, **kwargs):
         if self.fn is None:
-            # Used as ``@handler()``-style decorator factory: handler()(fn)
+            # ``handler(...)(fn)``, or ``@handler(...)``: as in Pyro, a new callable that
+            # shares this handler (each model decorated by one handler runs its own
+            # function; the handler's state, such as a trace's record, is the shared one's)
             if len(args) == 1 and not kwargs and callable(args[0]):
-                self.fn = args[0]
-                return self
+                return self._bind(args[0])
             raise TypeError(f"{type(self).__name__} has no function to call")
+        messenger = self if self._shared is None else self._shared
         # Explicit enter/exit rather than ``with self``: TorchDynamo cannot enter a context
         # manager created outside the compiled region, but it inlines these method calls, so
         # a model wrapped in handlers compiles.
-        self.__enter__()
+        messenger.__enter__()
         try:
             result = self.fn(*args, **kwargs)
         except BaseException as error:
-            self.__exit__(type(error), error, error.__traceback__)
+            messenger.__exit__(type(error), error, error.__traceback__)
             raise
-        self.__exit__(None, None, None)
+        messenger.__exit__(None, None, None)
         return result
+
+    # the handler a copy made by ``_bind`` enters when called (None: itself)
+    _shared: Messenger | None = None
+
+    def _bind(self, fn: Callable) -> Messenger:
+        """A copy of this handler (of its class, with its attributes) that runs ``fn`` and,
+        when called, enters this handler: the copy is what Pyro's ``handler(fn)`` is, a
+        function wrapped in the shared handler."""
+        bound = copy.copy(self)
+        bound.fn = fn
+        bound._shared = self if self._shared is None else self._shared
+        return bound

@@ -100,6 +100,43 @@ def test_messenger_forms_and_errors():
         trace()(1, 2)
 
 
+def test_one_handler_decorating_two_models_runs_each():
+    """As in Pyro, ``handler(fn)`` gives a new callable that shares the handler: it set
+    ``handler.fn`` and returned the handler, so a second ``handler(m2)`` ran m1 (given m2
+    as its argument)."""
+
+    def m1():
+        pt.sample("a", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
+        return "model1"
+
+    def m2():
+        pt.sample("b", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
+        return "model2"
+
+    h = scale(scale=2.0)
+    f1, f2 = h(m1), h(m2)
+    assert f1() == "model1" and f2() == "model2" and f1() == "model1"
+    assert isinstance(f2, scale) and f2.fn is m2 and h.fn is None
+    tr = trace(f2).get_trace()
+    assert list(tr) == ["b"] and tr["b"].scale == 2.0
+    with pytest.raises(TypeError, match="has no function to call"):
+        h()
+
+    # the callables share the handler: the tracer records the run of either
+    tracer = trace()
+    g1, g2 = tracer(m1), tracer(m2)
+    g1()
+    assert list(tracer.trace) == ["a"] and g1.trace is tracer.trace
+    assert list(g2.get_trace()) == ["b"] and list(tracer.trace) == ["b"]
+    assert g1.trace is tracer.trace
+
+    @seed(rng_seed=0)
+    def drawn():
+        return pt.sample("x", dist.Normal(0.0, 1.0))
+
+    assert torch.equal(drawn(), seed(lambda: pt.sample("x", dist.Normal(0.0, 1.0)), 0)())
+
+
 def test_messenger_exit_cleans_stack_after_exception():
     def model():
         with pt.plate("p", 3):
@@ -200,6 +237,36 @@ def test_trace_get_trace_gives_a_fresh_trace_each_run():
     second = tracer.get_trace()
     assert first is not second
     assert torch.equal(first["x"].value, second["x"].value)
+
+
+def test_trace_log_density_error_names_the_site():
+    """A latent replayed (or substituted) with a value of the wrong shape fails where its
+    density is computed: the error names the site and the shapes (it was torch's bare
+    broadcast message), as Pyro's does, and keeps torch's error as its cause."""
+
+    def model():
+        pt.sample("a", dist.Normal(0.0, 1.0))
+        with pt.plate("p", 3):
+            return pt.sample("x", dist.Normal(0.0, 1.0))
+
+    def guide():
+        pt.sample("x", dist.Normal(torch.zeros(5), 1.0).to_event(1))
+
+    guide_trace = trace(seed(guide, rng_seed=0)).get_trace()
+    tr = trace(seed(replay(model, trace=guide_trace), rng_seed=0)).get_trace()
+    pattern = (
+        r"log density of site 'x' .*Normal.*batch_shape \(3,\), event_shape \(\).*"
+        r"value of shape \(5,\)"
+    )
+    for compute in (tr.log_prob_sum, tr.compute_log_prob, tr.log_densities):
+        with pytest.raises(ValueError, match=pattern) as info:
+            compute()
+        assert isinstance(info.value.__cause__, ValueError)
+        assert "broadcastable" in str(info.value)  # torch's message is kept
+
+    observed = trace(substitute(condition(model, data={"x": torch.zeros(2)}), data={"a": 0.0}))
+    with pytest.raises(ValueError, match=r"site 'x'.*value of shape \(2,\)"):
+        observed.get_trace().log_likelihood()
 
 
 # -- seed -----------------------------------------------------------------------------
@@ -325,6 +392,23 @@ def test_condition():
     assert not tr2["x"].is_observed and tr2["y"].is_observed
 
 
+def test_condition_on_a_trace():
+    """As in Pyro, ``data`` may be a trace: its sample sites' values are observed (it
+    tried to turn the trace's sites themselves into tensors)."""
+    recorded = trace(seed(two_sites, rng_seed=3)).get_trace()
+    tr = trace(condition(two_sites, data=recorded)).get_trace()  # no seed needed
+    for name in ("x", "y"):
+        assert tr[name].is_observed and torch.equal(tr[name].value, recorded[name].value)
+
+    def model():
+        return pt.sample("y", dist.Normal(0.0, 1.0))
+
+    with trace() as params_only:  # only the trace's sample sites are observed
+        pt.param("y", torch.tensor(1.0))
+    tr = trace(seed(condition(model, data=params_only), rng_seed=0)).get_trace()
+    assert not tr["y"].is_observed
+
+
 def test_condition_inside_plate():
     def model():
         loc = pt.sample("loc", dist.Normal(0.0, 1.0))
@@ -371,6 +455,51 @@ def test_block(kwargs, visible):
     with trace() as tr, block(**kwargs), seed(rng_seed=0):
         block_model()
     assert list(tr) == visible
+
+
+def observed_block_model():
+    w = pt.param("w", torch.tensor(1.0))
+    a = pt.sample("a", dist.Normal(w, 1.0))
+    pt.sample("y", dist.Normal(a, 1.0), obs=torch.tensor(0.5))
+    pt.deterministic("c", 2 * a)
+
+
+@pytest.mark.parametrize(
+    "kwargs, visible",
+    [
+        # as in Pyro, an observed sample site has the type "observe" for block
+        ({"hide_types": ["observe"]}, ["w", "a", "c"]),
+        ({"expose_types": ["observe"]}, ["y"]),
+        ({"expose_types": ["sample"]}, ["a"]),
+        ({"expose_types": ["sample", "observe"]}, ["a", "y"]),
+        ({"hide_types": ["sample"]}, ["w", "y", "c"]),
+        # every argument counts (only the first given did)
+        ({"hide": ["a"], "hide_types": ["observe"]}, ["w", "c"]),
+        ({"hide": ["a"], "expose_types": ["sample"]}, []),
+        # (hide wins; hide_all is set by hide, expose, hide_types, expose_types in turn)
+        ({"hide_types": ["sample"], "expose": ["a"]}, ["w", "y", "c"]),
+        ({"expose": ["w"], "expose_types": ["observe"]}, ["w", "y"]),
+        ({"hide": ["a"], "expose": ["w"]}, ["w"]),
+        ({"hide_all": False}, ["w", "a", "y", "c"]),
+        ({"hide_all": False, "expose_all": True}, ["w", "a", "y", "c"]),
+        ({"expose_all": True}, ["w", "a", "y", "c"]),  # (Pyro asks for hide_all=False too)
+        ({"expose_fn": lambda msg: msg.type == "param"}, ["w"]),
+    ],
+)
+def test_block_observe_type_and_combined_arguments(kwargs, visible):
+    tr = trace(block(seed(observed_block_model, rng_seed=0), **kwargs)).get_trace()
+    assert list(tr) == visible
+
+
+def test_block_argument_errors():
+    with pytest.raises(ValueError, match="only one of hide_fn or expose_fn"):
+        block(two_sites, hide_fn=lambda msg: True, expose_fn=lambda msg: True)
+    with pytest.raises(ValueError, match=r"cannot hide and expose.*\['a'\]"):
+        block(two_sites, hide=["a", "b"], expose=["a"])
+    with pytest.raises(ValueError, match="cannot hide and expose a site type"):
+        block(two_sites, hide_types=["sample"], expose_types=["sample"])
+    with pytest.raises(ValueError, match="hide_all and expose_all"):
+        block(two_sites, hide_all=True, expose_all=True)
 
 
 def test_block_hides_sites_from_outer_handlers():
@@ -449,6 +578,40 @@ def test_replay_errors():
     bad["x"] = Message("plate", "x", value=torch.arange(2))
     with pytest.raises(ValueError, match="'x' is a sample site in the model but a plate"):
         seed(replay(two_sites, trace=bad), rng_seed=0)()
+
+
+def test_replay_refuses_a_site_observed_in_the_trace():
+    """As in Pyro ("site ... must be sampled in trace"): the model's latent took the
+    observed value of the guide's site without a word."""
+
+    def guide():
+        pt.sample("x", dist.Normal(5.0, 0.1), obs=torch.tensor(1.0))
+
+    guide_trace = trace(guide).get_trace()
+    with pytest.raises(ValueError, match="site 'x' must be sampled in trace.*observed"):
+        seed(replay(two_sites, trace=guide_trace), rng_seed=0)()
+
+    def observed_model():  # a site observed in the model too is left alone
+        return pt.sample("x", dist.Normal(0.0, 1.0), obs=torch.tensor(2.0))
+
+    assert float(replay(observed_model, trace=guide_trace)()) == 2.0
+
+
+def test_replay_copies_the_infer_dict_of_the_trace():
+    """As in Pyro, a replayed site takes the ``infer`` dict of the trace's site."""
+
+    def guide():
+        pt.sample("x", dist.Normal(0.0, 1.0), infer={"foo": 1})
+
+    def model():
+        pt.sample("x", dist.Normal(0.0, 1.0), infer={"bar": 2})
+        pt.sample("y", dist.Normal(0.0, 1.0), infer={"bar": 3})
+
+    guide_trace = trace(seed(guide, rng_seed=0)).get_trace()
+    tr = trace(seed(replay(model, trace=guide_trace), rng_seed=1)).get_trace()
+    assert tr["x"].infer == {"foo": 1} and tr["y"].infer == {"bar": 3}
+    tr["x"].infer["baz"] = 4
+    assert guide_trace["x"].infer == {"foo": 1}  # a copy
 
 
 # -- scale, mask ----------------------------------------------------------------------

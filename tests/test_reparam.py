@@ -136,6 +136,41 @@ def test_studentt_with_shape_params():
     assert lp_reparam == pytest.approx(stats.t(3.5).logpdf(z.numpy()).sum(), abs=TOL)
 
 
+def test_studentt_default_carries_the_other_parameters():
+    """As in Pyro, ``shape_params`` defaults to every parameter of the family other than
+    loc and scale (``df`` of StudentT): the default failed with torch's TypeError."""
+    df, loc, scale = torch.tensor(3.5), torch.tensor([0.5, -1.0, 2.0]), torch.tensor(2.5)
+
+    def model():
+        with pt.plate("data", 3):
+            pt.sample("n", dist.Normal(loc, scale))
+            return pt.sample("x", dist.StudentT(df, loc, scale))
+
+    z = torch.tensor([0.2, -0.9, 1.4])
+    noncentered = LocScaleReparam(centered=0.0)  # one reparameterizer for both families
+    config = {"x": noncentered, "n": noncentered}
+    lp_reparam, tr = log_density(
+        reparam(model, config=config), {"x_decentered": z, "n_decentered": z}
+    )
+    assert isinstance(tr["x_decentered"].fn, dist.StudentT)
+    assert torch.equal(tr["x_decentered"].fn.df, torch.full((3,), 3.5))
+    assert isinstance(tr["n_decentered"].fn, dist.Normal)
+    assert torch.allclose(tr["x"].value, loc + scale * z, rtol=0, atol=1e-14)
+    expected = stats.t(3.5).logpdf(z.numpy()).sum() + stats.norm.logpdf(z.numpy()).sum()
+    assert lp_reparam == pytest.approx(expected, abs=TOL)
+
+
+def test_loc_scale_failure_names_the_site():
+    def model():
+        pt.sample("x", dist.StudentT(3.5, 0.5, 2.0))
+
+    with pytest.raises(TypeError, match=r"site 'x'.*StudentT.*shape_params=\(\).*df") as info:
+        seed(reparam(model, config={"x": LocScaleReparam(0.0, shape_params=())}), 0)()
+    assert isinstance(info.value.__cause__, TypeError)
+    with pytest.raises(AttributeError, match=r"site 'x'.*StudentT.*'nu'"):
+        seed(reparam(model, config={"x": LocScaleReparam(0.0, shape_params=("nu",))}), 0)()
+
+
 def test_loc_scale_on_to_event_distribution():
     loc, scale = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.5, 1.5, 4.0])
 
