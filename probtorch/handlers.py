@@ -207,7 +207,18 @@ class trace(Messenger):
 
     def postprocess_message(self, msg: Message) -> None:
         if msg.name in self.trace:
-            if msg.type in ("plate", "param") and self.trace[msg.name].type == msg.type:
+            first = self.trace[msg.name]
+            if msg.type == "plate" and first.type == "plate" and msg.value is not first.value:
+                size, subsample_size = msg.args
+                if subsample_size < size:  # another draw: other rows than the trace's
+                    raise ValueError(
+                        f"plate {msg.name!r} is built twice in one run with "
+                        f"subsample_size={subsample_size} of {size}: each build draws its "
+                        f"own subsample, and a replay of this trace would give the second "
+                        f"the first's rows. Build it once and enter it twice (p = "
+                        f"pt.plate(...); with p: ...; with p: ...), or pass subsample=indices"
+                    )
+            if msg.type in ("plate", "param") and first.type == msg.type:
                 # A plate of one name may be built more than once and a param may be read
                 # several times (as in Pyro); the first site is kept.
                 return

@@ -252,7 +252,7 @@ def _subsample_default(msg: Message) -> torch.Tensor:
     return torch.randperm(size)[:subsample_size]
 
 
-def subsample(name: str, size: int, subsample_size: int) -> torch.Tensor:
+def _subsample_site(name: str, size: int, subsample_size: int) -> torch.Tensor:
     """The indices a plate uses; a ``"plate"`` site, so replay/substitute can fix them."""
     msg = Message("plate", name, args=(size, subsample_size), default=_subsample_default)
     if not get_stack():
@@ -261,7 +261,24 @@ def subsample(name: str, size: int, subsample_size: int) -> torch.Tensor:
     return apply_stack(msg).value
 
 
-_subsample_site = subsample  # (plate's argument of that name hides the function)
+def subsample(data: torch.Tensor, event_dim: int) -> torch.Tensor:
+    """Pyro's and NumPyro's ``subsample``: the rows of full-size ``data`` that the
+    subsampled plates around the call select, along their dims (``event_dim`` counts the
+    rightmost dims of ``data`` that are not batch dims). Outside subsampled plates it
+    returns ``data``.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> x = torch.arange(10.0)
+        >>> with pt.plate("data", 10, subsample=torch.tensor([2, 7])):
+        ...     pt.subsample(x, event_dim=0)
+        tensor([2., 7.])
+    """
+    for handler in get_stack():
+        if isinstance(handler, plate):
+            data = handler.rows_of(data, int(event_dim), "subsample(data, ...)")
+    return data
 
 
 def _given_subsample(name: str, size: int, indices, subsample_size) -> int:
@@ -459,21 +476,26 @@ class plate(Messenger):
         """As in Pyro: ``param(..., event_dim=k)`` inside the plate is a full-size param
         whose rows along the plate's dim are cut to the subsample."""
         event_dim = msg.kwargs.get("event_dim") if msg.type == "param" else None
-        if event_dim is None or msg.value is None:
-            return
-        dim = self.dim - int(event_dim)
-        shape = msg.value.shape
+        if event_dim is not None and msg.value is not None:
+            msg.value = self.rows_of(msg.value, int(event_dim), f"param {msg.name!r}")
+
+    def rows_of(self, value: torch.Tensor, event_dim: int, what: str) -> torch.Tensor:
+        """``value``'s rows of the subsample along this plate's dim (``event_dim`` dims
+        right of the batch dims); ``value`` itself where that dim has size 1 or is absent."""
+        dim = self.dim - event_dim
+        shape = value.shape
         if len(shape) < -dim or shape[dim] == 1:
-            return
+            return value
         if shape[dim] != self.size:
             raise ValueError(
-                f"param {msg.name!r}: shape {tuple(shape)} with event_dim={event_dim} puts "
-                f"size {shape[dim]} at plate {self.name!r}'s dim {self.dim}, whose size is "
-                f"{self.size} (a param inside a plate holds every row; its rows are cut to "
+                f"{what}: shape {tuple(shape)} with event_dim={event_dim} puts size "
+                f"{shape[dim]} at plate {self.name!r}'s dim {self.dim}, whose size is "
+                f"{self.size} (a value inside a plate holds every row; its rows are cut to "
                 f"the subsample)"
             )
         if self.subsample_size < self.size:
-            msg.value = msg.value.index_select(dim, self.indices)
+            return value.index_select(dim, self.indices)
+        return value
 
 
 class markov(Messenger):

@@ -695,3 +695,31 @@ def test_an_iterated_plate_runs_the_body_per_index_with_the_subsample_scale(f64)
     assert float(tracer.trace.log_prob_sum()) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match=r"plate 's': a plate with dim=-1 is vectorized"):
         list(pt.plate("s", 3, dim=-1))
+
+
+def test_a_subsampled_plate_built_twice_in_one_traced_run_is_refused():
+    def model():
+        with pt.plate("data", 100, subsample_size=4):
+            pt.sample("a", dist.Normal(0.0, 1.0))
+        with pt.plate("data", 100, subsample_size=4):
+            pt.sample("b", dist.Normal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match=r"plate 'data' is built twice .* subsample_size=4 of 100"):
+        trace(seed(model, rng_seed=0)).get_trace()
+    # replaying a run's indices gives both builds the same rows: accepted
+    given = {"data": torch.tensor([5, 1, 9, 3])}
+    tr = trace(seed(substitute(model, data=given), rng_seed=0)).get_trace()
+    assert tr["a"].value.shape == tr["b"].value.shape == (4,)
+
+
+def test_subsample_cuts_data_to_the_rows_of_the_enclosing_plates():
+    x = torch.arange(30.0).reshape(10, 3)
+    rows = torch.tensor([4, 0])
+    with pt.plate("rows", 10, subsample=rows):
+        torch.testing.assert_close(pt.subsample(x, event_dim=1), x[rows])
+        with pytest.raises(ValueError, match=r"subsample\(data, \.\.\.\): shape \(7,\) "):
+            pt.subsample(torch.zeros(7), event_dim=0)
+    with pt.plate("rows", 10, subsample=rows, dim=-2):
+        with pt.plate("cols", 3, subsample=torch.tensor([2]), dim=-1):
+            torch.testing.assert_close(pt.subsample(x, event_dim=0), x[rows][:, [2]])
+    assert pt.subsample(x, event_dim=1) is x  # outside plates
