@@ -535,6 +535,11 @@ class mask(Messenger):
         super().__init__(fn)
         if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
             raise ValueError(f"mask must be a bool tensor, got dtype {mask.dtype}")
+        if not isinstance(mask, (bool, torch.Tensor)):
+            raise TypeError(
+                f"mask must be True, False or a bool tensor (as in Pyro), got "
+                f"{type(mask).__name__} {mask!r}"
+            )
         self.mask = mask
 
     def process_message(self, msg: Message) -> None:

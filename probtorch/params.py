@@ -7,6 +7,7 @@ runs never share hidden global state.
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -129,6 +130,34 @@ class ParamStore:
 
     def items(self):
         return [(name, self[name]) for name in self._unconstrained]
+
+    def values(self):
+        return [self[name] for name in self._unconstrained]
+
+    # Pyro's ParamStoreDict names, for code ported from Pyro.
+    def get_param(
+        self,
+        name: str,
+        init_tensor: torch.Tensor | None = None,
+        constraint: constraints.Constraint = constraints.real,
+        event_dim: int | None = None,
+    ) -> torch.Tensor:
+        """Pyro's: the constrained value of ``name``, created from ``init_tensor`` if new
+        (``event_dim`` matters only to :func:`probtorch.param` inside plates)."""
+        return self.setdefault(name, init_tensor, constraint)
+
+    def get_all_param_names(self) -> list[str]:
+        return list(self._unconstrained)
+
+    def named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """Pyro's: ``(name, unconstrained leaf)`` pairs, the tensors an optimizer trains."""
+        return list(self._unconstrained.items())
+
+    def match(self, name: str) -> dict[str, torch.Tensor]:
+        """Pyro's: ``{name: constrained value}`` of the params whose names match the regular
+        expression ``name`` (``re.match``, from the start)."""
+        pattern = re.compile(name)
+        return {key: self[key] for key in self._unconstrained if pattern.match(key)}
 
     def unconstrained(self, name: str) -> torch.Tensor:
         """The trainable leaf tensor behind ``name``."""

@@ -818,3 +818,8 @@ def test_scale_error_shows_where_a_tensor_is_not_positive():
     weights[3], weights[17] = 0.0, -0.5
     with pytest.raises(ValueError, match=r"shape \(200,\) has 2 entries.*3: 0, 17: -0.5$"):
         scale(obs_model, scale=weights)
+
+
+def test_mask_refuses_what_is_not_a_bool_by_name():
+    with pytest.raises(TypeError, match=r"mask must be True, False or a bool tensor .* int 0"):
+        pt.handlers.mask(mask=0)

@@ -723,3 +723,19 @@ def test_subsample_cuts_data_to_the_rows_of_the_enclosing_plates():
         with pt.plate("cols", 3, subsample=torch.tensor([2]), dim=-1):
             torch.testing.assert_close(pt.subsample(x, event_dim=0), x[rows][:, [2]])
     assert pt.subsample(x, event_dim=1) is x  # outside plates
+
+
+def test_the_store_answers_pyros_param_store_methods():
+    store = pt.ParamStore()
+    scale = store.get_param("q.scale", torch.tensor([1.0, 2.0]), constraints.positive)
+    store.get_param("q.loc", torch.zeros(2))
+    store.get_param("other", torch.ones(()))
+    torch.testing.assert_close(scale, torch.tensor([1.0, 2.0]))
+    assert store.get_param("q.scale") is not None  # an existing param needs no init
+    assert store.get_all_param_names() == ["q.scale", "q.loc", "other"]
+    assert sorted(store.match("q\\.")) == ["q.loc", "q.scale"]
+    torch.testing.assert_close(store.match("q.s")["q.scale"], scale)
+    names = dict(store.named_parameters())
+    torch.testing.assert_close(names["q.scale"], torch.tensor([1.0, 2.0]).log())
+    assert names["q.scale"].requires_grad
+    assert len(store.values()) == 3
