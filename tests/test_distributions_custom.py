@@ -144,7 +144,9 @@ def test_truncated_families_match_scipy(name, make, ref, low, high, float64):
     assert abs(float(_z_mean(s, mean, var))) < Z_MAX, name
 
 
-@pytest.mark.parametrize("loc0,low0,high0", [(0.3, -0.5, 1.5), (0.0, 8.0, 10.0)])
+@pytest.mark.parametrize(
+    "loc0,low0,high0", [(0.3, -0.5, 1.5), (0.0, 8.0, 10.0), (0.0, 38.0, 40.0), (0.2, -40.0, -39.9)]
+)
 def test_truncated_normal_reparameterized_gradients(loc0, low0, high0, float64):
     """The pathwise gradient of E[x] w.r.t. loc and both bounds vs finite differences of
     the exact mean; per-draw gradients give the Monte Carlo standard error."""
@@ -719,8 +721,11 @@ def test_dirichlet_and_beta_rsample_differentiate_under_torch_func(family):
     assert value == expected_value.detach()
     torch.testing.assert_close(grad, expected_grad, rtol=1e-14, atol=0)
     sample = draw(dist, c)
-    assert type(getattr(dist, family)(c).expand((3, 2)) if family == "Dirichlet" else
-                dist.Beta(c[:, 0], c[:, 1]).expand((3, 2))) is getattr(dist, family)
+    assert type(
+        getattr(dist, family)(c).expand((3, 2))
+        if family == "Dirichlet"
+        else dist.Beta(c[:, 0], c[:, 1]).expand((3, 2))
+    ) is getattr(dist, family)
     assert sample.shape == ((4, 2, 3) if family == "Dirichlet" else (4, 2))
 
 
@@ -746,3 +751,342 @@ def test_beta_guide_fits_the_beta_binomial_posterior_eagerly():
     a, b = float(params["a"]), float(params["b"])
     assert abs(a / (a + b) - 9 / 14) < 0.01
     assert abs(a + b - 14) < 0.1 * 14
+
+
+# -- review fixes -----------------------------------------------------------------------
+
+
+def test_interval_censored_unflagged_infinite_ends(float64):
+    """An unflagged row with an infinite end is a one-sided interval: ``[-inf, u]`` scores
+    ``log F(u)`` and ``[l, inf]`` ``log S(l)`` (NumPyro: ``log F(1) = -0.5130`` for ``Normal(0.5,
+    2)``), not the mass of the stand-in interval ``(0, 1]``."""
+    ref = stats.norm(0.5, 1.5)
+    loc = torch.tensor(0.5, requires_grad=True)
+    d = dist.IntervalCensoredDistribution(dist.Normal(loc, 1.5), False, False).expand((4,))
+    value = torch.tensor([[-math.inf, 1.0], [0.0, math.inf], [-math.inf, math.inf], [-1.0, 2.0]])
+    lp = d.log_prob(value)
+    expected = [ref.logcdf(1.0), ref.logsf(0.0), 0.0, np.log(ref.cdf(2.0) - ref.cdf(-1.0))]
+    np.testing.assert_allclose(lp.detach().numpy(), expected, rtol=1e-12, atol=1e-14)
+    (grad,) = torch.autograd.grad(lp.sum(), loc)
+    assert bool(torch.isfinite(grad))
+    numpyro_case = dist.IntervalCensoredDistribution(dist.Normal(0.5, 2.0))
+    got = float(numpyro_case.log_prob(torch.tensor([-math.inf, 1.0])))
+    assert got == pytest.approx(-0.5130, abs=5e-5)
+
+
+def test_interval_censored_nan_in_the_unused_end(float64):
+    """The docstring's promise: the end a one-sided row does not use may be ``nan``, also
+    with validation on; a ``nan`` in an end that is used is still rejected."""
+    ref = stats.norm(0.0, 1.0)
+    d = dist.IntervalCensoredDistribution(
+        dist.Normal(0.0, 1.0),
+        torch.tensor([True, False]),
+        torch.tensor([False, True]),
+        validate_args=True,
+    )
+    lp = d.log_prob(torch.tensor([[math.nan, 1.0], [0.5, math.nan]]))
+    np.testing.assert_allclose(lp.numpy(), [ref.logcdf(1.0), ref.logsf(0.5)], rtol=1e-12)
+    with pytest.raises(ValueError, match="support"):
+        d.log_prob(torch.tensor([[0.0, math.nan], [0.5, 1.0]]))
+    both = dist.IntervalCensoredDistribution(dist.Normal(0.0, 1.0), validate_args=True)
+    with pytest.raises(ValueError, match="support"):
+        both.log_prob(torch.tensor([math.nan, 1.0]))
+
+
+def test_upper_only_truncation_support_is_closed(float64):
+    """``log_prob`` and ``rsample`` include ``high``, so the support must too (validation
+    rejected ``log_prob(high)`` and, rarely, the distribution's own samples)."""
+    d = dist.TruncatedNormal(0.0, 1.0, high=1.0, validate_args=True)
+    expected = stats.truncnorm(-np.inf, 1.0).logpdf(1.0)
+    np.testing.assert_allclose(float(d.log_prob(torch.tensor(1.0))), expected, rtol=1e-12)
+    assert d.support.check(torch.tensor(1.0)) and not d.support.check(torch.tensor(1.0 + 1e-12))
+    # float32 Exponential(1) below 1e-3: rounding can put draws exactly at the bound
+    rate = torch.tensor(1.0, dtype=torch.float32)
+    e = dist.TruncatedDistribution(dist.Exponential(rate), high=1e-3, validate_args=True)
+    torch.manual_seed(0)
+    x = torch.cat([e.sample((10**5,)), e.high.reshape(1)])
+    assert bool(torch.isfinite(e.log_prob(x)).all())
+    # biject_to of the closed half line: into the support, round trip, log-Jacobian
+    t = dist.biject_to(d.support)
+    y = torch.tensor([-5.0, 0.0, 3.0])
+    fy = t(y)
+    assert bool((fy < 1.0).all()) and bool(d.support.check(fy).all())
+    torch.testing.assert_close(t.inv(fy), y)
+    np.testing.assert_allclose(t.log_abs_det_jacobian(y, fy).numpy(), y.numpy(), rtol=1e-12)
+    c = dist.Censored(dist.Normal(0.0, 1.0), high=0.0)
+    assert dist.biject_to(c.support) is not None
+
+
+FAR_TAIL_CASES = [
+    (torch.float64, 38.0, 40.0),
+    (torch.float64, -40.0, -38.0),
+    (torch.float64, None, -40.0),
+    (torch.float64, 40.0, None),
+    (torch.float64, 300.0, 301.0),
+    (torch.float32, 13.5, 15.0),
+    (torch.float32, 20.0, 22.0),
+    (torch.float32, -22.0, -20.0),
+    (torch.float32, None, -20.0),
+    (torch.float32, 20.0, None),
+]
+
+
+@pytest.mark.parametrize("dtype,low,high", FAR_TAIL_CASES)
+def test_truncated_normal_far_tail_samples_match_scipy(dtype, low, high):
+    """Beyond ``exp(log F) >= tiny`` (37.5 sd in float64, 13 in float32) the inverse cdf is
+    taken in log space: the draws follow scipy's truncnorm (KS test, fixed seed; before,
+    every draw was one bound)."""
+    d = dist.TruncatedNormal(
+        torch.tensor(0.0, dtype=dtype), torch.tensor(1.0, dtype=dtype), low, high
+    )
+    torch.manual_seed(4)
+    x = d.sample((20000,))
+    assert x.dtype == dtype and bool(torch.isfinite(x).all())
+    if low is not None:
+        assert bool((x >= low).all())
+    if high is not None:
+        assert bool((x <= high).all())
+    ref = _scipy_truncnorm(0.0, 1.0, low, high)
+    assert stats.kstest(x.double().numpy(), ref.cdf).pvalue > 1e-3
+
+
+def test_truncated_exponential_far_tail_float32():
+    """``S(120) = exp(-120)`` underflows float32: the upper side samples in log space too."""
+    d = dist.TruncatedDistribution(dist.Exponential(torch.tensor(1.0)), low=120.0, high=121.0)
+    torch.manual_seed(5)
+    x = d.sample((20000,)).double().numpy()
+    assert np.all((x >= 120.0) & (x <= 121.0))
+    cdf = lambda t: -np.expm1(-(t - 120.0)) / -np.expm1(-1.0)  # noqa: E731
+    assert stats.kstest(x, cdf).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-11), (torch.float32, 1e-6)])
+def test_ndtri_log_matches_scipy(dtype, rtol):
+    """``Phi^{-1}(exp(log p))`` and its gradient ``Phi(z) / phi(z)`` against scipy's
+    ``ndtri_exp``, from far below float underflow to ``p`` near 1."""
+    lp = np.array([-1e5, -1e4, -800.0, -100.0, -30.0, -20.5, -20.0, -19.5, -5.0, -1.0, -0.5])
+    lp = np.concatenate([lp, [-1e-3, -1e-6]]) if dtype == torch.float64 else lp
+    log_p = torch.tensor(lp, dtype=dtype, requires_grad=True)
+    z = _tails.ndtri_log(log_p)
+    (grad,) = torch.autograd.grad(z.sum(), log_p)
+    ref = special.ndtri_exp(lp)
+    np.testing.assert_allclose(z.detach().double().numpy(), ref, rtol=rtol)
+    ref_grad = np.exp(special.log_ndtr(ref) + 0.5 * ref**2 + 0.5 * np.log(2 * np.pi))
+    np.testing.assert_allclose(grad.double().numpy(), ref_grad, rtol=100 * rtol)
+    ends = _tails.ndtri_log(torch.tensor([-math.inf, 0.0], dtype=dtype))
+    assert ends.tolist() == [-math.inf, math.inf]
+
+
+BELOW_SUPPORT_CASES = [
+    ("lognormal", lambda: dist.LogNormal(0.0, 1.0), stats.lognorm(1.0), -1.0, 2.0),
+    ("weibull", lambda: dist.Weibull(1.0, 1.5), stats.weibull_min(1.5), -1.0, 2.0),
+    ("halfnormal", lambda: dist.HalfNormal(1.0), stats.halfnorm(), -1.0, 2.0),
+    ("exponential", lambda: dist.Exponential(1.0), stats.expon(), -1.0, 2.0),
+    ("gamma", lambda: dist.Gamma(2.0, 1.0), stats.gamma(2.0), -1.0, 2.0),
+    ("pareto", lambda: dist.Pareto(1.0, 2.0), stats.pareto(2.0), -1.0, 2.0),
+    ("pareto-one-sided", lambda: dist.Pareto(1.0, 2.0), stats.pareto(2.0), 0.5, None),
+    ("pareto-below-scale", lambda: dist.Pareto(1.0, 2.0), stats.pareto(2.0), 0.5, 3.0),
+]
+
+
+@pytest.mark.parametrize(
+    "name,make,ref,low,high", BELOW_SUPPORT_CASES, ids=[c[0] for c in BELOW_SUPPORT_CASES]
+)
+def test_truncation_bound_below_the_base_support(name, make, ref, low, high, float64):
+    """A bound outside the base's support truncates nothing there: it is clamped into the
+    support (before: ``nan``, or for ``Pareto(1, 2)`` above 0.5 a wrong normalizer)."""
+    d = dist.TruncatedDistribution(make(), low, high)
+    x = np.array([1.2, 1.5, 1.9])
+    log_z = 0.0 if high is None else ref.logcdf(high)
+    np.testing.assert_allclose(
+        d.log_prob(torch.tensor(x)).numpy(), ref.logpdf(x) - log_z, rtol=1e-10
+    )
+    if not d.has_rsample:
+        return
+    torch.manual_seed(6)
+    s = d.sample((20000,)).numpy()
+    assert np.all(np.isfinite(s)) and np.all(s >= ref.support()[0])
+    cdf = (
+        ref.cdf
+        if high is None
+        else (lambda t: np.minimum(ref.cdf(t), ref.cdf(high)) / ref.cdf(high))
+    )
+    assert stats.kstest(s, cdf).pvalue > 1e-3
+
+
+def test_truncation_at_the_support_end_has_finite_gradients(float64):
+    """``LogNormal`` truncated to ``[0, 2]`` (or ``[-1, 2]``): ``F(0) = 0`` exactly, and the
+    gradients of ``log_prob`` and of ``rsample`` are finite (before: ``nan`` from ``log 0``);
+    ``d/dloc log_prob(x) = log x - loc + phi(b) / Phi(b)``, ``b = log 2 - loc``."""
+    for low in (0.0, -1.0):
+        loc = torch.tensor(0.1, requires_grad=True)
+        d = dist.TruncatedDistribution(dist.LogNormal(loc, 1.0), low, 2.0)
+        (grad,) = torch.autograd.grad(d.log_prob(torch.tensor(1.5)), loc)
+        b = math.log(2.0) - 0.1
+        exact = math.log(1.5) - 0.1 + stats.norm.pdf(b) / stats.norm.cdf(b)
+        assert float(grad) == pytest.approx(exact, rel=1e-10)
+        (grad,) = torch.autograd.grad(d.rsample((100,)).sum(), loc)
+        assert bool(torch.isfinite(grad))
+
+
+@pytest.mark.parametrize("rate", [1e-3, 1e-5, 1e-8])
+def test_hurdle_poisson_moments_small_rate_float32(rate):
+    """``E[K | K > 0] = rate / (1 - e^-rate)``: the denominator from ``-expm1(log p0)``
+    (before: ``1 - exp(-rate)`` rounded to 0 in float32 at rate 1e-8, mean ``inf``)."""
+    gate = 0.4
+    d = dist.HurdlePoisson(torch.tensor(rate), gate=torch.tensor(gate))
+    mean = (1 - gate) * rate / -math.expm1(-rate)
+    var = (1 - gate) * (rate + rate**2) / -math.expm1(-rate) - mean**2
+    assert d.mean.dtype == torch.float32
+    # float32: a few ulps of each operation
+    assert float(d.mean) == pytest.approx(mean, rel=1e-6)
+    assert float(d.variance) == pytest.approx(var, rel=1e-5)
+
+
+def test_biject_to_independent_uses_probtorch_transforms(float64):
+    """``biject_to(independent(c, n))`` wraps probtorch's transform for ``c`` (before: torch's
+    registry, which has none for zero_sum/lower_cholesky/positive_definite and gives its
+    non-compiling ``CorrCholeskyTransform`` for corr_cholesky)."""
+    IndependentTransform = torch.distributions.transforms.IndependentTransform
+    site = dist.ZeroSumNormal(torch.tensor(1.0), (3,)).expand((2,)).to_event(1)
+    t = dist.biject_to(site.support)
+    assert isinstance(t, IndependentTransform) and isinstance(
+        t.base_transform, dist.ZeroSumTransform
+    )
+    y = torch.randn(4, 2, 2)
+    x = t(y)
+    assert x.shape == (4, 2, 3) and bool(site.support.check(x).all())
+    torch.testing.assert_close(t.inv(x), y)
+    assert t.log_abs_det_jacobian(y, x).shape == (4,)
+    assert torch.isfinite(site.log_prob(x)).all()
+    cases = [
+        (dist.constraints.lower_cholesky, dist.constraint_registry.LowerCholeskyVectorTransform),
+        (
+            dist.constraints.positive_definite,
+            dist.constraint_registry.PositiveDefiniteVectorTransform,
+        ),
+        (dist.constraints.corr_cholesky, dist.constraint_registry.CompilableCorrCholeskyTransform),
+    ]
+    for base, cls in cases:
+        t = dist.biject_to(dist.constraints.independent(base, 1))
+        assert type(t.base_transform) is cls and t.reinterpreted_batch_ndims == 1
+        y = torch.randn(2, 3)
+        x = t(y)
+        assert bool(dist.constraints.independent(base, 1).check(x))
+        torch.testing.assert_close(t.inv(x), y)
+    lkj = dist.LKJCholesky(3, torch.ones(2)).to_event(1)
+    assert type(dist.biject_to(lkj.support).base_transform) is cls
+    positive = dist.biject_to(dist.constraints.independent(dist.constraints.positive, 1))
+    assert positive.base_transform == torch.distributions.biject_to(dist.constraints.positive)
+
+
+def _mpmath_truncnorm_var(a, b):
+    """Variance of the standard normal truncated to ``[a, b]`` by 40-digit quadrature (of
+    ``X - a``, so that nothing cancels); scipy's loses 3 digits at ``a = 38``."""
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(40):
+        a = -mp.inf if a is None else mp.mpf(a)
+        b = mp.inf if b is None else mp.mpf(b)
+        if a == -mp.inf and b == mp.inf:
+            return 1.0
+        if a == -mp.inf:  # reflect: the finite end first
+            a, b = -b, mp.inf
+        f = lambda x: mp.exp(-(x - a) * (x + a) / 2)  # noqa: E731
+        z = mp.quad(f, [a, b])
+        m = mp.quad(lambda x: (x - a) * f(x), [a, b]) / z
+        return float(mp.quad(lambda x: (x - a - m) ** 2 * f(x), [a, b]) / z)
+
+
+VARIANCE_CASES = [
+    (0.3, 0.3001),  # narrow: w^2 / 12
+    (5.0, 5.001),
+    (-8.0, -7.99),
+    (0.3, 0.6),
+    (-2.0, 2.0),
+    (2.0, 4.0),
+    (1.9, 6.2),
+    (8.0, 10.0),
+    (38.0, 40.0),
+    (40.0, None),
+    (None, -40.0),
+    (1e3, None),
+    (-1.0, None),
+    (None, None),
+]
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+def test_truncated_normal_variance_is_stable(dtype, rtol):
+    """``Var`` from ``1 + a r_a - b r_b - (r_a - r_b)^2`` cancels to nothing in the tails and
+    for narrow intervals (negative in float32); against 40-digit quadrature. float32: a
+    few ulps times the condition of the moment sums (``rtol = 2e-5``)."""
+    for low, high in VARIANCE_CASES:
+        loc, scale = 0.7, 1.3
+        lo = None if low is None else loc + scale * low
+        hi = None if high is None else loc + scale * high
+        if low is None and high is None:
+            lo, hi = -math.inf, math.inf  # infinite bounds: the normal itself
+        d = dist.TruncatedNormal(
+            torch.tensor(loc, dtype=dtype), torch.tensor(scale, dtype=dtype), lo, hi
+        )
+        # the reference for the parameters as stored (float32-rounded bounds move a narrow
+        # interval's width by more than the tolerance)
+        loc_, scale_ = float(d.loc), float(d.scale)
+        a = None if low is None else (float(d.low) - loc_) / scale_
+        b = None if high is None else (float(d.high) - loc_) / scale_
+        exact = scale_**2 * _mpmath_truncnorm_var(a, b)
+        got = float(d.variance)
+        assert got == pytest.approx(exact, rel=rtol), (low, high, got, exact)
+
+
+@pytest.mark.parametrize("low,high", [(0.3, 0.31), (38.0, 40.0), (None, -40.0), (1.9, 6.2)])
+def test_truncated_normal_variance_gradient(low, high, float64):
+    """The variance's gradient (through the quadrature) against central differences; the
+    difference error is ``h^2 f''' ~ 1e-12`` plus rounding ``eps var / h ~ 1e-10 var``."""
+    loc = torch.tensor(0.1, requires_grad=True)
+    scale = torch.tensor(1.2, requires_grad=True)
+    var = dist.TruncatedNormal(loc, scale, low, high).variance
+    grads = torch.autograd.grad(var, [loc, scale])
+    h = 1e-6
+
+    def v(lc, sc):
+        return float(dist.TruncatedNormal(lc, sc, low, high).variance)
+
+    fd = [
+        (v(0.1 + h, 1.2) - v(0.1 - h, 1.2)) / (2 * h),
+        (v(0.1, 1.2 + h) - v(0.1, 1.2 - h)) / (2 * h),
+    ]
+    for g, ref in zip(grads, fd, strict=True):
+        assert float(g) == pytest.approx(ref, rel=1e-6, abs=1e-9 * float(var.detach()))
+
+
+def _closed_and_independent_model():
+    pt.sample("x", dist.TruncatedNormal(0.0, 1.0, high=-1.0))  # support less_than_eq(-1)
+    pt.sample("z", dist.ZeroSumNormal(torch.tensor(1.0), (3,)).expand((2,)).to_event(1))
+
+
+def test_nuts_on_upper_truncated_and_independent_zero_sum_sites(float64):
+    """NUTS through ``biject_to(less_than_eq)`` and ``biject_to(independent(zero_sum, 1))``:
+    the truncated site's mean (scipy) and the zero-sum site's ``E z^2 = 1 - 1/3`` within
+    ``Z_MAX`` Monte Carlo standard errors (from the effective sample size). Eager (the
+    bijections are what is tested; a compile of its own would cost about 40 s)."""
+    from probtorch.inference import MCMC, NUTS
+
+    mcmc = MCMC(
+        NUTS(_closed_and_independent_model, compile=False),
+        num_warmup=100,
+        num_samples=150,
+        num_chains=1,
+        progress_bar=False,
+        seed=0,
+    )
+    mcmc.run()
+    samples = mcmc.get_samples()
+    x, z = samples["x"].numpy(), samples["z"].numpy()
+    assert x.shape == (150,) and z.shape == (150, 2, 3)
+    assert np.all(x <= -1.0) and np.abs(z.sum(-1)).max() < 1e-10
+    checks = [(x, stats.truncnorm(-np.inf, -1.0).mean())]
+    checks += [(z[:, i, j] ** 2, 2.0 / 3.0) for i in range(2) for j in range(3)]
+    for draws, exact in checks:
+        mcse = draws.std() / math.sqrt(float(az.ess(draws[None, :])))
+        assert abs(draws.mean() - exact) < Z_MAX * mcse, (draws.mean(), exact, mcse)

@@ -4,9 +4,12 @@ Truncation and censoring need ``log F(x)`` and ``log (1 - F(x))`` far into the t
 an inverse that stays accurate there. torch's ``cdf``/``icdf`` lose everything past a few
 standard deviations on the upper side (``1 - F`` rounds to 0; ``Laplace.cdf`` and
 ``Cauchy.cdf`` even cancel in the lower tail). So families with a closed form get one
-here (``Normal`` through ``log_ndtr``/``ndtri``); any other family with a ``cdf`` falls
-back to ``log(cdf)`` and ``log1p(-cdf)`` (accurate on the lower side only), and to
-``icdf(1 - q)`` for the inverse survival function.
+here (``Normal`` through ``log_ndtr`` and its inverse ``ndtri_log``); any other family
+with a ``cdf`` falls back to ``log(cdf)`` and ``log1p(-cdf)`` (accurate on the lower side
+only), and to ``icdf(1 - q)`` for the inverse survival function.
+
+The inverses take log probabilities (``icdf_log``, ``isf_log``), so that a draw can be
+placed where ``F`` itself underflows (a normal 40 standard deviations out: ``F = 4e-350``).
 
 All functions are branch-free tensor code (``torch.where`` over clamped inputs, so that the
 branch not taken never produces ``nan`` gradients) and compile without graph breaks.
@@ -38,6 +41,9 @@ __all__ = [
     "log_survival",
     "icdf",
     "isf",
+    "icdf_log",
+    "isf_log",
+    "ndtri_log",
     "log1mexp",
     "log_prob_between",
     "has_icdf",
@@ -68,6 +74,60 @@ def log_ndtr(z: torch.Tensor) -> torch.Tensor:
     return torch.where(z < -1.0, lower, torch.log1p(-0.5 * torch.special.erfc(pos / _SQRT2)))
 
 
+_NDTRI_DIRECT = -20.0  # above this log p, start from ndtri(exp(log p)); below, asymptotics
+_NEWTON_STEPS = 4
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+_SQRT_HALF_PI = math.sqrt(0.5 * math.pi)
+
+
+def _mills(z: torch.Tensor) -> torch.Tensor:
+    """``Phi(z) / phi(z) = sqrt(pi / 2) erfcx(-z / sqrt 2)``, without cancellation for
+    ``z <= 0``."""
+    return _SQRT_HALF_PI * torch.special.erfcx(-z / _SQRT2)
+
+
+def _ndtri_newton(z: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    """One Newton step for ``log_ndtr(z) = log_p``: ``d log Phi / dz = phi / Phi``."""
+    return z - (log_ndtr(z) - log_p) * _mills(z)
+
+
+def _ndtri_log_lower(log_p: torch.Tensor) -> torch.Tensor:
+    """``Phi^{-1}(exp(log_p))`` for ``log_p <= -log 2`` (so ``z <= 0``).
+
+    Start: ``ndtri(exp(log_p))`` where ``exp`` is safe, else the asymptotic
+    ``z^2 ~ y - log y - log(2 pi)``, ``y = -2 log_p`` (from ``log Phi(z) ~ -z^2 / 2 -
+    log(-z) - log(2 pi) / 2``). Newton on ``log_ndtr`` converges monotonically (``log Phi``
+    is concave) and quadratically. The iterations are detached; one last differentiable step
+    gives the implicit-function gradient ``dz / dlog_p = Phi(z) / phi(z)``.
+    """
+    finfo = torch.finfo(log_p.dtype)
+    log_p = log_p.clamp(min=-0.25 * finfo.max, max=-_LOG2)  # z * z stays finite
+    target = log_p.detach()
+    direct = torch.special.ndtri(torch.exp(target.clamp(min=_NDTRI_DIRECT)))
+    y = -2.0 * target.clamp(max=_NDTRI_DIRECT)
+    asymptotic = -torch.sqrt(y - torch.log(y) - 2.0 * _HALF_LOG_2PI)
+    z = torch.where(target > _NDTRI_DIRECT, direct, asymptotic)
+    for _ in range(_NEWTON_STEPS):
+        z = _ndtri_newton(z, target)
+    z = z.detach()
+    return z + (log_p - log_ndtr(z)) * _mills(z)
+
+
+def ndtri_log(log_p: torch.Tensor) -> torch.Tensor:
+    """``Phi^{-1}(exp(log_p))``, the standard normal quantile of a log probability.
+
+    Accurate where ``exp(log_p)`` underflows (``log_p = -800``: ``z = -39.9``); above the
+    median through the survival side, ``-Phi^{-1}(1 - p)``. Differentiable, with the exact
+    gradient of the inverse. ``log_p = -inf`` and ``0`` give ``-inf`` and ``inf``.
+    """
+    lower = log_p <= -_LOG2
+    log_q = torch.where(lower, log_p, log1mexp(log_p.clamp(min=-_LOG2)))
+    z = _ndtri_log_lower(log_q)
+    z = torch.where(lower, z, -z)
+    z = torch.where(log_p == -math.inf, -math.inf, z)
+    return torch.where(log_p == 0.0, math.inf, z)
+
+
 def _probs(p: torch.Tensor) -> torch.Tensor:
     """Clamp probabilities into the open unit interval (``icdf(0)``/``icdf(1)`` are infinite)."""
     finfo = torch.finfo(p.dtype)
@@ -86,8 +146,8 @@ def _normal(d, x):
     return log_ndtr(_normal_z(d, x))
 
 
-def _normal_icdf(d, p):
-    return d.loc + d.scale * torch.special.ndtri(_probs(p))
+def _normal_icdf(d, log_p):
+    return d.loc + d.scale * ndtri_log(log_p)
 
 
 def _laplace_log_cdf(d, x):
@@ -96,10 +156,9 @@ def _laplace_log_cdf(d, x):
     return torch.where(z < 0, neg - _LOG2, torch.log1p(-0.5 * torch.exp(-pos)))
 
 
-def _laplace_icdf(d, p):
-    p = _probs(p)
-    low, high = p.clamp(max=0.5), p.clamp(min=0.5)
-    z = torch.where(p < 0.5, torch.log(2.0 * low), -torch.log(2.0 - 2.0 * high))
+def _laplace_icdf(d, log_p):
+    low, high = log_p.clamp(max=-_LOG2), log_p.clamp(min=-_LOG2)
+    z = torch.where(log_p < -_LOG2, low + _LOG2, -_LOG2 - log1mexp(high))
     return d.loc + d.scale * z
 
 
@@ -114,17 +173,16 @@ def _cauchy_log_cdf(d, x):
     )
 
 
-def _cauchy_icdf(d, p):
-    return d.loc - d.scale / torch.tan(math.pi * _probs(p))
+def _cauchy_icdf(d, log_p):
+    return d.loc - d.scale / torch.tan(math.pi * _probs(torch.exp(log_p)))
 
 
 def _logistic_log_cdf(d, x):
     return -F.softplus(-(x - d.loc) / d.scale)
 
 
-def _logistic_icdf(d, p):
-    p = _probs(p)
-    return d.loc + d.scale * (torch.log(p) - torch.log1p(-p))
+def _logistic_icdf(d, log_p):
+    return d.loc + d.scale * (log_p - log1mexp(log_p))
 
 
 _SYMMETRIC = {
@@ -159,24 +217,25 @@ def _gumbel_t(d, x):
     return torch.exp(-(x - d.loc) / d.scale)
 
 
+# The inverses take log p (log q): -log(1 - p) = -log1mexp(log p), -log q = -log_q.
 _ASYMMETRIC = {
     LogNormal: (
         lambda d, x: log_ndtr(_lognormal_z(d, x)),
         lambda d, x: log_ndtr(-_lognormal_z(d, x)),
-        lambda d, p: torch.exp(d.loc + d.scale * torch.special.ndtri(_probs(p))),
-        lambda d, q: torch.exp(d.loc - d.scale * torch.special.ndtri(_probs(q))),
+        lambda d, lp: torch.exp(d.loc + d.scale * ndtri_log(lp)),
+        lambda d, lq: torch.exp(d.loc - d.scale * ndtri_log(lq)),
     ),
     HalfNormal: (
         lambda d, x: torch.log(torch.erf(_half_normal_z(d, x) / math.sqrt(2.0))),
         lambda d, x: _LOG2 + log_ndtr(-_half_normal_z(d, x)),
-        lambda d, p: d.scale * torch.special.ndtri(0.5 + 0.5 * _probs(p)),
-        lambda d, q: -d.scale * torch.special.ndtri(0.5 * _probs(q)),
+        lambda d, lp: d.scale * torch.special.ndtri(0.5 + 0.5 * _probs(torch.exp(lp))),
+        lambda d, lq: -d.scale * ndtri_log(lq - _LOG2),
     ),
     Exponential: (
         lambda d, x: log1mexp(-_exp_rate(d, x)),
         lambda d, x: -_exp_rate(d, x),
-        lambda d, p: -torch.log1p(-_probs(p)) / d.rate,
-        lambda d, q: -torch.log(_probs(q)) / d.rate,
+        lambda d, lp: -log1mexp(lp) / d.rate,
+        lambda d, lq: -lq / d.rate,
     ),
     Gamma: (
         lambda d, x: torch.log(torch.special.gammainc(d.concentration, _gamma_y(d, x))),
@@ -187,22 +246,51 @@ _ASYMMETRIC = {
     Weibull: (
         lambda d, x: log1mexp(-_weibull_t(d, x)),
         lambda d, x: -_weibull_t(d, x),
-        lambda d, p: d.scale * (-torch.log1p(-_probs(p))).pow(d.concentration.reciprocal()),
-        lambda d, q: d.scale * (-torch.log(_probs(q))).pow(d.concentration.reciprocal()),
+        lambda d, lp: d.scale * (-log1mexp(lp)).pow(d.concentration.reciprocal()),
+        lambda d, lq: d.scale * (-lq).pow(d.concentration.reciprocal()),
     ),
     Gumbel: (
         lambda d, x: -_gumbel_t(d, x),
         lambda d, x: log1mexp(-_gumbel_t(d, x)),
-        lambda d, p: d.loc - d.scale * torch.log(-torch.log(_probs(p))),
-        lambda d, q: d.loc - d.scale * torch.log(-torch.log1p(-_probs(q))),
+        lambda d, lp: d.loc - d.scale * torch.log(-lp),
+        lambda d, lq: d.loc - d.scale * torch.log(-log1mexp(lq)),
     ),
     Pareto: (
         lambda d, x: log1mexp(d.alpha * (torch.log(d.scale) - torch.log(x))),
         lambda d, x: d.alpha * (torch.log(d.scale) - torch.log(x)),
-        lambda d, p: d.scale * torch.exp(-torch.log1p(-_probs(p)) / d.alpha),
-        lambda d, q: d.scale * torch.exp(-torch.log(_probs(q)) / d.alpha),
+        lambda d, lp: d.scale * torch.exp(-log1mexp(lp) / d.alpha),
+        lambda d, lq: d.scale * torch.exp(-lq / d.alpha),
     ),
 }
+
+
+# Lower end of the support of the families above it: at and below it F = 0 exactly, set
+# directly (the closed forms give nan there, or nan gradients: log(0), erf(0), 0 ** k).
+_LOWER_END = {
+    LogNormal: lambda d: 0.0,
+    HalfNormal: lambda d: 0.0,
+    Exponential: lambda d: 0.0,
+    Gamma: lambda d: 0.0,
+    Weibull: lambda d: 0.0,
+    Pareto: lambda d: d.scale,
+}
+
+
+def _lower_end(d: Distribution):
+    for cls, end in _LOWER_END.items():
+        if isinstance(d, cls):
+            return end(d)
+    return None
+
+
+def _guarded(fn, d, x, value_below):
+    """``fn(d, x)``, and ``value_below`` where ``x`` is at or below the support's lower end
+    (``fn`` sees a point inside the support there, so its gradient stays finite)."""
+    end = _lower_end(d)
+    if end is None:
+        return fn(d, x)
+    below = x <= end
+    return torch.where(below, value_below, fn(d, torch.where(below, end + 1.0, x)))
 
 
 def _reflected(log_cdf_fn, icdf_fn):
@@ -229,7 +317,7 @@ def log_cdf(d: Distribution, x: torch.Tensor) -> torch.Tensor:
     """``log F(x)`` of a univariate base ``d``."""
     fns = _lookup(d)
     if fns is not None:
-        return fns[0](d, x)
+        return _guarded(fns[0], d, x, -math.inf)
     return torch.log(d.cdf(x).clamp(min=torch.finfo(x.dtype).tiny))
 
 
@@ -237,7 +325,7 @@ def log_survival(d: Distribution, x: torch.Tensor) -> torch.Tensor:
     """``log (1 - F(x))`` of a univariate base ``d``."""
     fns = _lookup(d)
     if fns is not None:
-        return fns[1](d, x)
+        return _guarded(fns[1], d, x, 0.0)
     return torch.log1p(-d.cdf(x).clamp(max=1.0 - torch.finfo(x.dtype).eps))
 
 
@@ -249,21 +337,42 @@ def has_icdf(d: Distribution) -> bool:
     return type(d).icdf is not Distribution.icdf
 
 
-def icdf(d: Distribution, p: torch.Tensor) -> torch.Tensor:
-    """``F^{-1}(p)``, accurate for small ``p``."""
+def _log_probs(log_p: torch.Tensor) -> torch.Tensor:
+    """Clamp log probabilities to ``[log tiny, log(1 - eps)]``: finite inverses (and finite
+    gradients in branches that ``torch.where`` does not take)."""
+    finfo = torch.finfo(log_p.dtype)
+    return log_p.clamp(min=-0.5 * finfo.max, max=math.log1p(-finfo.eps))
+
+
+def icdf_log(d: Distribution, log_p: torch.Tensor) -> torch.Tensor:
+    """``F^{-1}(exp(log_p))``, accurate for small ``p`` (also where ``exp(log_p)``
+    underflows, for the families with a closed form)."""
+    log_p = _log_probs(log_p)
     fns = _lookup(d)
     if fns is not None and fns[2] is not None:
-        return fns[2](d, p)
-    return d.icdf(_probs(p))
+        return fns[2](d, log_p)
+    return d.icdf(_probs(torch.exp(log_p)))
+
+
+def isf_log(d: Distribution, log_q: torch.Tensor) -> torch.Tensor:
+    """Inverse survival function of a log probability, ``S^{-1}(exp(log_q))``, accurate for
+    small ``q`` where the family has a closed form."""
+    log_q = _log_probs(log_q)
+    fns = _lookup(d)
+    if fns is not None and fns[3] is not None:
+        return fns[3](d, log_q)
+    return d.icdf(_probs(-torch.expm1(log_q)))
+
+
+def icdf(d: Distribution, p: torch.Tensor) -> torch.Tensor:
+    """``F^{-1}(p)``, accurate for small ``p``."""
+    return icdf_log(d, torch.log(_probs(p)))
 
 
 def isf(d: Distribution, q: torch.Tensor) -> torch.Tensor:
     """Inverse survival function ``S^{-1}(q) = F^{-1}(1 - q)``, accurate for small ``q``
     where the family has a closed form."""
-    fns = _lookup(d)
-    if fns is not None and fns[3] is not None:
-        return fns[3](d, q)
-    return d.icdf(_probs(1.0 - q))
+    return isf_log(d, torch.log(_probs(q)))
 
 
 def log_prob_between(

@@ -24,6 +24,7 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
 
 from . import _tails
+from .constraint_registry import less_than_eq
 
 __all__ = [
     "Censored",
@@ -152,6 +153,44 @@ class RightCensoredDistribution(_IndicatorCensored):
         return _tails.log_survival(self.base_dist, value)
 
 
+def _finite_or_zero(x):
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def _log_cdf(base, x):
+    """``log F(x)`` with the limits at ``x = -inf`` (``-inf``) and ``x = inf`` (0)."""
+    result = torch.where(x == math.inf, 0.0, _tails.log_cdf(base, _finite_or_zero(x)))
+    return torch.where(x == -math.inf, -math.inf, result)
+
+
+def _log_survival(base, x):
+    """``log S(x)`` with the limits at ``x = -inf`` (0) and ``x = inf`` (``-inf``)."""
+    result = torch.where(x == -math.inf, 0.0, _tails.log_survival(base, _finite_or_zero(x)))
+    return torch.where(x == math.inf, -math.inf, result)
+
+
+class _IntervalSupport(constraints.independent):
+    """Pairs ``(lower, upper)`` of reals, except that the end a one-sided row does not use
+    (``lower`` of a left-censored row, ``upper`` of a right-censored one) may be ``nan``.
+    ``biject_to`` treats it as ``independent(real, 1)``."""
+
+    def __init__(self, left_censored, right_censored):
+        super().__init__(constraints.real, 1)
+        self.left_censored = left_censored
+        self.right_censored = right_censored
+
+    def check(self, value):
+        if value.dim() < 1:
+            raise ValueError(f"Expected value.dim() >= 1 but got {value.dim()}")
+        left, right = self.left_censored, self.right_censored
+        lower_ok = ~torch.isnan(value[..., 0]) | (left & ~right)
+        upper_ok = ~torch.isnan(value[..., 1]) | (right & ~left)
+        return lower_ok & upper_ok
+
+    def __repr__(self):
+        return "IntervalCensoredSupport()"
+
+
 class IntervalCensoredDistribution(TorchDistribution):
     """Interval-censored observations ``(lower, upper)``, with NumPyro's signature.
 
@@ -170,9 +209,12 @@ class IntervalCensoredDistribution(TorchDistribution):
     ======================  ======================  =====================================
 
     The exact-value case follows R's ``Surv(lower, upper, type="interval2")`` (NumPyro
-    scores ``lower == upper`` by the cdf instead). The end that a one-sided row does not
-    use may be anything (``inf``, ``nan``). Samples are exact values ``(x, x)``, ``x`` a
-    draw of ``base``.
+    scores ``lower == upper`` by the cdf instead). An unflagged row may have infinite
+    ends: ``(-inf, upper)`` scores ``log F(upper)`` and ``(lower, inf)`` ``log S(lower)``.
+    The end that a one-sided row (exactly one flag set) does not use may be anything
+    (``inf``, ``nan``), also with validation on; a ``nan`` in an end that a row uses fails
+    validation (and scores ``nan`` without it). Samples are exact values ``(x, x)``, ``x``
+    a draw of ``base``.
 
     Example::
 
@@ -208,7 +250,7 @@ class IntervalCensoredDistribution(TorchDistribution):
 
     @constraints.dependent_property(is_discrete=False, event_dim=1)
     def support(self):
-        return constraints.independent(constraints.real, 1)
+        return _IntervalSupport(self.left_censored, self.right_censored)
 
     def expand(self, batch_shape, _instance=None):
         return _copy(self, batch_shape, ["left_censored", "right_censored"])
@@ -220,19 +262,28 @@ class IntervalCensoredDistribution(TorchDistribution):
         lower, upper = value[..., 0], value[..., 1]
         left, right = self.left_censored, self.right_censored
         exact = lower == upper
-        # Each term gets finite, ordered inputs; torch.where picks the one that applies.
+        # Each term gets finite, ordered inputs (stand-ins 0 and 1 where an end is not
+        # finite, only so that the branch not taken has finite gradients); torch.where
+        # picks the one that applies, and infinite ends get their exact limits.
         finite = torch.isfinite(lower) & torch.isfinite(upper)
         lo = torch.where(finite, torch.minimum(lower, upper), torch.zeros_like(lower))
         hi = torch.where(finite & ~exact, torch.maximum(lower, upper), lo + 1.0)
         interval = _tails.log_prob_between(base, lo, hi)
-        density = base.log_prob(lo)
-        log_f_upper = _tails.log_cdf(base, torch.where(torch.isfinite(upper), upper, lo))
-        log_s_lower = _tails.log_survival(base, torch.where(torch.isfinite(lower), lower, lo))
-        outside = torch.logaddexp(_tails.log_cdf(base, lo), _tails.log_survival(base, hi))
-        both = torch.where(exact, density, interval)
-        result = torch.where(left & right, outside, both)
-        result = torch.where(left & ~right, log_f_upper, result)
-        return torch.where(right & ~left, log_s_lower, result)
+        density = torch.where(finite, base.log_prob(lo), -math.inf)
+        # one infinite end: log F(upper) or log S(lower) (0 for (-inf, inf))
+        lo_all, hi_all = torch.minimum(lower, upper), torch.maximum(lower, upper)
+        one_sided = torch.where(lo_all == -math.inf, _log_cdf(base, hi_all), -math.inf)
+        one_sided = torch.where(hi_all == math.inf, _log_survival(base, lo_all), one_sided)
+        one_sided = torch.where((lo_all == -math.inf) & (hi_all == math.inf), 0.0, one_sided)
+        between = torch.where(finite, interval, one_sided)
+        outside = torch.logaddexp(_log_cdf(base, lo_all), _log_survival(base, hi_all))
+        result = torch.where(exact, density, between)
+        result = torch.where(left & right, outside, result)
+        result = torch.where(left & ~right, _log_cdf(base, upper), result)
+        result = torch.where(right & ~left, _log_survival(base, lower), result)
+        unused_lower, unused_upper = left & ~right, right & ~left
+        used_nan = (torch.isnan(lower) & ~unused_lower) | (torch.isnan(upper) & ~unused_upper)
+        return torch.where(used_nan, math.nan, result)
 
     def sample(self, sample_shape=()):
         x = self.base_dist.sample(sample_shape)
@@ -281,10 +332,12 @@ class Censored(TorchDistribution):
 
     @constraints.dependent_property(is_discrete=False, event_dim=0)
     def support(self):
+        # closed: the bounds carry mass
         if self.high is None:
             return constraints.greater_than_eq(self.low)
-        low = self.low if self.low is not None else torch.full_like(self.high, -math.inf)
-        return constraints.interval(low, self.high)  # closed: the bounds carry mass
+        if self.low is None:
+            return less_than_eq(self.high)
+        return constraints.interval(self.low, self.high)
 
     def expand(self, batch_shape, _instance=None):
         return _copy(self, batch_shape, ["low", "high"])

@@ -14,12 +14,18 @@ import torch.nn.functional as F
 from torch.distributions import biject_to as _torch_biject_to
 from torch.distributions import constraints
 from torch.distributions.constraint_registry import ConstraintRegistry
-from torch.distributions.transforms import CorrCholeskyTransform, Transform
+from torch.distributions.transforms import (
+    CorrCholeskyTransform,
+    IndependentTransform,
+    Transform,
+)
 
 from .zero_sum import ZeroSumConstraint, ZeroSumTransform
 
 __all__ = [
     "biject_to",
+    "LessThanEq",
+    "less_than_eq",
     "CompilableCorrCholeskyTransform",
     "LowerCholeskyVectorTransform",
     "PositiveDefiniteVectorTransform",
@@ -182,20 +188,49 @@ class PositiveDefiniteVectorTransform(_LowerTriangleVectorTransform):
         return n * math.log(2.0) + (order * log_diag).sum(-1)
 
 
+class LessThanEq(constraints.less_than):
+    """The closed half line ``(-inf, upper_bound]``: the mirror of torch's
+    ``greater_than_eq`` (torch has no ``less_than_eq``). A subclass of ``less_than`` so that
+    code asking for an upper half line finds ``upper_bound``; ``biject_to`` maps it like
+    ``less_than`` (``upper_bound - exp(x)``).
+
+    Example::
+
+        >>> c = less_than_eq(1.0)
+        >>> c.check(torch.tensor([1.0, 1.5]))
+        tensor([ True, False])
+        >>> float(biject_to(c)(torch.tensor(0.0)))
+        0.0
+    """
+
+    def check(self, value):
+        return value <= self.upper_bound
+
+
+less_than_eq = LessThanEq
+
+
 class _FallbackRegistry(ConstraintRegistry):
     def __call__(self, constraint):
         if type(constraint) in self._registry:
             return super().__call__(constraint)
+        if isinstance(constraint, constraints.independent):
+            # as torch's rule, but with this registry's transform for the base constraint
+            # (zero_sum, lower_cholesky... inside ``.to_event``)
+            return IndependentTransform(
+                self(constraint.base_constraint), constraint.reinterpreted_batch_ndims
+            )
         return _torch_biject_to(constraint)
 
 
 biject_to = _FallbackRegistry()
 biject_to.register(constraints.corr_cholesky)(lambda constraint: CompilableCorrCholeskyTransform())
-biject_to.register(constraints.lower_cholesky)(
-    lambda constraint: LowerCholeskyVectorTransform()
-)
+biject_to.register(constraints.lower_cholesky)(lambda constraint: LowerCholeskyVectorTransform())
 biject_to.register(constraints.positive_definite)(
     lambda constraint: PositiveDefiniteVectorTransform()
+)
+biject_to.register(LessThanEq)(
+    lambda constraint: _torch_biject_to(constraints.less_than(constraint.upper_bound))
 )
 biject_to.register(ZeroSumConstraint)(lambda constraint: ZeroSumTransform(constraint.event_dim))
 # A mixture of one family has that family's support: a latent MixtureSameFamily site is

@@ -139,9 +139,11 @@ class HurdleDistribution(TorchDistribution):
     def _positive_moments(self):
         """``(E[K], E[K^2])`` of the zero-truncated base."""
         base = self.base_dist
-        p0 = torch.exp(base.log_prob(torch.zeros(self.batch_shape, dtype=base.mean.dtype)))
-        m1 = base.mean / (1.0 - p0)
-        m2 = (base.variance + base.mean**2) / (1.0 - p0)
+        log_p0 = base.log_prob(torch.zeros(self.batch_shape, dtype=base.mean.dtype))
+        # 1 - p0 = -expm1(log p0): exact when p0 is near 1 (a Poisson rate of 1e-8)
+        positive = -torch.expm1(log_p0)
+        m1 = base.mean / positive
+        m2 = (base.variance + base.mean**2) / positive
         return m1, m2
 
     @property

@@ -5,20 +5,23 @@ renormalizes. The normalizer ``log Z = log(F(high) - F(low))`` is computed on th
 the median where it is accurate (see :mod:`probtorch.distributions._tails`), so a
 ``Normal(0, 1)`` truncated to ``[8, 10]`` has finite, exact log densities. Samples come
 through the inverse cdf, ``x = F^{-1}(F(low) + u (F(high) - F(low)))`` with
-``u ~ Uniform(0, 1)`` (or its survival-function mirror in the upper tail), so gradients
-flow to the base parameters and to the bounds.
+``u ~ Uniform(0, 1)`` (or its survival-function mirror in the upper tail), taken in log
+space so that it stays exact where ``F(low)`` underflows (a normal truncated to
+``[38, 40]``); gradients flow to the base parameters and to the bounds.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import Normal, constraints
 from torch.distributions.utils import broadcast_all
 
 from . import _tails
+from .constraint_registry import less_than_eq
 
 __all__ = ["TruncatedDistribution", "TruncatedNormal"]
 
@@ -54,7 +57,8 @@ class TruncatedDistribution(TorchDistribution):
         high: upper bound (``None``: unbounded above).
 
     The batch shape broadcasts ``base.batch_shape`` with the shapes of ``low`` and ``high``.
-    Pass an unbounded side as ``None`` rather than ``inf``.
+    Pass an unbounded side as ``None`` rather than ``inf``. A bound outside the base's
+    support is moved to the support's end (``low=-1`` for a ``LogNormal`` is ``low=0``).
 
     Example::
 
@@ -76,6 +80,15 @@ class TruncatedDistribution(TorchDistribution):
         shapes = [base.batch_shape] + [b.shape for b in (low, high) if b is not None]
         batch_shape = torch.broadcast_shapes(*shapes)
         self.base_dist = base.expand(batch_shape)
+        # A bound outside the base's support truncates nothing: clamp it into the support
+        # (LogNormal above -1 is LogNormal above 0; Pareto(1, 2) above 0.5, above 1).
+        support = self.base_dist.support
+        support_low = getattr(support, "lower_bound", None)
+        support_high = getattr(support, "upper_bound", None)
+        if low is not None and support_low is not None:
+            low = torch.maximum(low, torch.as_tensor(support_low, dtype=dtype, device=device))
+        if high is not None and support_high is not None:
+            high = torch.minimum(high, torch.as_tensor(support_high, dtype=dtype, device=device))
         self.low = None if low is None else low.expand(batch_shape)
         self.high = None if high is None else high.expand(batch_shape)
         super().__init__(batch_shape, validate_args=validate_args)
@@ -95,7 +108,7 @@ class TruncatedDistribution(TorchDistribution):
     @constraints.dependent_property(is_discrete=False, event_dim=0)
     def support(self):
         if self.low is None:
-            return constraints.less_than(self.high)
+            return less_than_eq(self.high)  # closed, as log_prob and rsample include high
         if self.high is None:
             return constraints.greater_than_eq(self.low)
         return constraints.interval(self.low, self.high)
@@ -151,18 +164,25 @@ class TruncatedDistribution(TorchDistribution):
         shape = self._extended_shape(sample_shape)
         base, low, high = self.base_dist, self.low, self.high
         bound = low if low is not None else high
-        u = torch.rand(shape, dtype=bound.dtype, device=bound.device)
-        zero, one = u.new_zeros(()), u.new_ones(())
-        # Lower side: p = F(low) + u (F(high) - F(low)); upper side (low above the median):
-        # q = S(high) + (1 - u) (S(low) - S(high)), which keeps its precision when F ~ 1.
-        p_low = zero if low is None else torch.exp(_tails.log_cdf(base, low))
-        p_high = one if high is None else torch.exp(_tails.log_cdf(base, high))
-        x = _tails.icdf(base, p_low + u * (p_high - p_low))
+        finfo = torch.finfo(bound.dtype)
+        # u in [tiny, 1): log u and log(1 - u) are finite
+        u = torch.rand(shape, dtype=bound.dtype, device=bound.device).clamp(min=finfo.tiny)
+        log_z = self.log_normalizer
+        # Inverse cdf in log space, so that draws far in a tail (where F(low) underflows)
+        # are spread over [low, high]. Lower side: p = F(low) + u (F(high) - F(low));
+        # upper side (low above the median): q = S(high) + (1 - u) (S(low) - S(high)),
+        # which keeps its precision when F ~ 1.
+        log_p = torch.log(u) + log_z
         if low is not None:
-            q_low = torch.exp(_tails.log_survival(base, low))
-            q_high = zero if high is None else torch.exp(_tails.log_survival(base, high))
-            x_upper = _tails.isf(base, q_high + (1.0 - u) * (q_low - q_high))
-            x = torch.where(p_low > 0.5, x_upper, x)
+            log_cdf_low = _tails.log_cdf(base, low)
+            log_p = torch.logaddexp(log_cdf_low, log_p)
+        x = _tails.icdf_log(base, log_p)
+        if low is not None:
+            log_q = torch.log1p(-u) + log_z
+            if high is not None:
+                log_q = torch.logaddexp(_tails.log_survival(base, high), log_q)
+            x_upper = _tails.isf_log(base, log_q)
+            x = torch.where(log_cdf_low > -_LOG2, x_upper, x)
         # Rounding can put x a hair outside the bounds.
         if low is not None:
             x = torch.maximum(x, low)
@@ -173,6 +193,58 @@ class TruncatedDistribution(TorchDistribution):
     def sample(self, sample_shape=()):
         with torch.no_grad():
             return self.rsample(sample_shape)
+
+
+# Quadrature rules for the variance (float64; cast where used): Gauss-Legendre on [0, 1]
+# and Gauss-Laguerre (weight exp(-u) on [0, inf)).
+_legendre_t, _legendre_w = np.polynomial.legendre.leggauss(48)
+_GL_NODES, _GL_WEIGHTS = torch.tensor((_legendre_t + 1.0) / 2.0), torch.tensor(_legendre_w / 2.0)
+_laguerre_x, _laguerre_w = np.polynomial.laguerre.laggauss(40)
+_LAGUERRE_NODES, _LAGUERRE_WEIGHTS = torch.tensor(_laguerre_x), torch.tensor(_laguerre_w)
+_GL_MAX_WIDTH = 8.0  # Gauss-Legendre where w <= 8 and |a| w <= 8
+_LAGUERRE_MIN_A = 2.0  # Gauss-Laguerre for the tail side from a = 2 on
+_MAX_WIDTH = 40.0  # exp(-w^2 / 2) is 0 beyond: a wider interval is one-sided
+
+
+def _rule(nodes, weights, like):
+    return nodes.to(like), weights.to(like)
+
+
+def _centered_variance(y, f):
+    """Variance of the nodes ``y`` under the (unnormalized) weights ``f``, centered first."""
+    total = f.sum(-1)
+    m = (f * y).sum(-1) / total
+    return (f * (y - m.unsqueeze(-1)) ** 2).sum(-1) / total
+
+
+def _variance_legendre(a, w):
+    """Variance of ``Y`` on ``[0, w]`` with density ``exp(-a y - y^2 / 2)``: Gauss-Legendre,
+    exact to rounding where the integrand is gentle (``w <= 8``, ``|a| w <= 8``)."""
+    t, weights = _rule(_GL_NODES, _GL_WEIGHTS, a)
+    y = w.unsqueeze(-1) * t
+    f = weights * torch.exp(-a.unsqueeze(-1) * y - 0.5 * y * y)
+    return _centered_variance(y, f)
+
+
+def _variance_laguerre(a, w):
+    """The same for ``a >= 2`` and ``a w > 8``: ``int_0^w = int_0^inf - int_w^inf``, and
+    ``int_w^inf y^k exp(-a y - y^2/2) dy = exp(-a w - w^2/2) int_0^inf (w + v)^k exp(-(a + w) v
+    - v^2/2) dv``; each ``int_0^inf v^k exp(-c v - v^2 / 2) dv`` by Gauss-Laguerre in ``u = c v``
+    (smooth for ``c >= 2``). Nothing cancels: the subtracted part is below ``exp(-8)``."""
+    x, weights = _rule(_LAGUERRE_NODES, _LAGUERRE_WEIGHTS, a)
+
+    def moments(c):
+        v = x / c.unsqueeze(-1)
+        g = weights * torch.exp(-0.5 * v * v) / c.unsqueeze(-1)
+        return g.sum(-1), (g * v).sum(-1), (g * v * v).sum(-1)
+
+    j0, j1, j2 = moments(a)
+    k0, k1, k2 = moments(a + w)
+    e = torch.exp(-a * w - 0.5 * w * w)
+    i0 = j0 - e * k0
+    m = (j1 - e * (w * k0 + k1)) / i0
+    second = (j2 - e * (w * w * k0 + 2.0 * w * k1 + k2)) / i0
+    return second - m * m
 
 
 class TruncatedNormal(TruncatedDistribution):
@@ -204,7 +276,8 @@ class TruncatedNormal(TruncatedDistribution):
         return self.base_dist.scale
 
     def _ratios(self):
-        """``alpha phi(alpha) / Z`` style terms of the closed-form moments."""
+        """``alpha phi(alpha) / Z`` style terms of the closed-form moments (0 for an
+        infinite bound)."""
         base = self.base_dist
         log_z = self.log_normalizer
         half_log_2pi = 0.5 * math.log(2 * math.pi)
@@ -212,11 +285,15 @@ class TruncatedNormal(TruncatedDistribution):
         r_low = r_high = a_r_low = b_r_high = zero
         if self.low is not None:
             alpha = (self.low - base.loc) / base.scale
-            r_low = torch.exp(-0.5 * alpha**2 - half_log_2pi - log_z)
+            finite = torch.isfinite(alpha)
+            alpha = torch.where(finite, alpha, 0.0)
+            r_low = torch.where(finite, torch.exp(-0.5 * alpha**2 - half_log_2pi - log_z), 0.0)
             a_r_low = alpha * r_low
         if self.high is not None:
             beta = (self.high - base.loc) / base.scale
-            r_high = torch.exp(-0.5 * beta**2 - half_log_2pi - log_z)
+            finite = torch.isfinite(beta)
+            beta = torch.where(finite, beta, 0.0)
+            r_high = torch.where(finite, torch.exp(-0.5 * beta**2 - half_log_2pi - log_z), 0.0)
             b_r_high = beta * r_high
         return r_low, r_high, a_r_low, b_r_high
 
@@ -227,5 +304,32 @@ class TruncatedNormal(TruncatedDistribution):
 
     @property
     def variance(self):
+        """Closed form where it is well conditioned; where it cancels (the variance small
+        against ``a^2``, ``b^2``: far tails, narrow intervals) quadrature of the standardized
+        ``X - a`` (reflected so that ``a`` is the end nearer the mode), exact to rounding."""
         r_low, r_high, a_r_low, b_r_high = self._ratios()
-        return self.scale**2 * (1.0 + a_r_low - b_r_high - (r_low - r_high) ** 2)
+        closed = 1.0 + a_r_low - b_r_high - (r_low - r_high) ** 2
+        loc, scale = self.loc, self.scale
+        inf = torch.full_like(closed, math.inf)
+        a = -inf if self.low is None else (self.low - loc) / scale
+        b = inf if self.high is None else (self.high - loc) / scale
+        if self.low is not None and self.high is not None:
+            width = (self.high - self.low) / scale  # no rounding of a and b in a narrow width
+        else:
+            width = b - a
+        flip = a + b < 0  # mirror so that the interval leans to the upper side
+        a = torch.where(flip, -b, a)
+        a_abs = a.abs()
+        use_legendre = (width <= _GL_MAX_WIDTH) & (a_abs * width <= _GL_MAX_WIDTH)
+        use_laguerre = ~use_legendre & (a >= _LAGUERRE_MIN_A)
+        # each rule sees safe inputs where it is not used (finite values and gradients)
+        one = torch.ones_like(closed)
+        legendre = _variance_legendre(
+            torch.where(use_legendre, a, 0.0), torch.where(use_legendre, width, one)
+        )
+        laguerre = _variance_laguerre(
+            torch.where(use_laguerre, a, _LAGUERRE_MIN_A),
+            torch.where(use_laguerre, width.clamp(max=_MAX_WIDTH), one),
+        )
+        standard = torch.where(use_legendre, legendre, torch.where(use_laguerre, laguerre, closed))
+        return scale**2 * standard
