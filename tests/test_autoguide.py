@@ -737,3 +737,33 @@ def test_a_plate_given_its_subsample_by_the_model_needs_create_plates():
     # Each z_i is pinned to y_i (sd 0.1): the guide's row i met the model's row i (the
     # last iterate is within 0.15 over three seeds; other rows would put it units away).
     torch.testing.assert_close(guide.median(svi.get_params())["z"], y, atol=0.5, rtol=0)
+
+
+def test_an_init_loc_fn_written_for_pyro_is_asked_about_latent_sample_sites_only():
+    from probtorch.inference import initialize_model
+
+    def model(y):
+        scale = pt.sample("scale", dist.LogNormal(0.0, 1.0))
+        with pt.plate("components", 2):
+            locs = pt.sample("locs", dist.Normal(0.0, 10.0))
+        with pt.plate("n", len(y)):
+            pt.sample("y", dist.Normal(locs[0], scale), obs=y)
+
+    asked = []
+
+    def init_loc_fn(site):  # Pyro's GMM tutorial's: it knows the latent sites only
+        asked.append(site["name"])
+        if site["name"] == "scale":
+            return torch.tensor(2.0)
+        if site["name"] == "locs":
+            return torch.tensor([-1.0, 1.0])
+        raise ValueError(site["name"])
+
+    y = torch.tensor([0.5, -0.2, 1.0])
+    guide = AutoDelta(model, init_loc_fn=init_loc_fn)
+    with pt.param_scope(pt.ParamStore()):
+        _run_guide(guide, y)
+        torch.testing.assert_close(guide.median()["locs"], torch.tensor([-1.0, 1.0]))
+    _, z = initialize_model(model, (y,), init_strategy=init_loc_fn, compile=False)
+    assert set(asked) == {"scale", "locs"}
+    torch.testing.assert_close(z[0], torch.tensor([math.log(2.0), -1.0, 1.0]))

@@ -1073,3 +1073,30 @@ def test_a_user_scale_multiplies_the_log_of_the_sum_over_discrete_sites():
                        r"different pt.handlers.scale but are summed over together with the "
                        r"discrete sites \['z'\]"):  # fmt: skip
         TraceEnum_ELBO().loss(unshared, lambda: None)
+
+
+def test_a_mask_leaves_a_summed_out_sites_own_term_and_masks_the_sites_reading_it():
+    # As Pyro's TraceEnum_ELBO: pt.handlers.mask over a summed-out z drops y's masked terms
+    # but keeps p(z), whose sum over z is 1. Masking p(z) too gave each masked row
+    # sum_z 1 = K (log 2 here; 4 log 2 in a padded HMM) and, where a masked z feeds an
+    # unmasked site, another posterior.
+    y, keep = torch.tensor([0.3, 5.0]), torch.tensor([True, False])
+    w, locs = torch.tensor([0.5, 0.5]), torch.tensor([0.0, 0.7])
+
+    def model():
+        with pt.plate("n", 2), pt.handlers.mask(mask=keep):
+            z = pt.sample("z", dist.Categorical(w), infer={"enumerate": "parallel"})
+            pt.sample("y", dist.Normal(locs[z], 1.0), obs=y)
+
+    log_p = torch.logsumexp(w.log() + dist.Normal(locs, 1.0).log_prob(y[0]), -1)
+    assert TraceEnum_ELBO().loss(model, lambda: None) == pytest.approx(-log_p.item(), rel=1e-12)
+
+    def shifted():  # NUTS's potential: at shift = 0, the prior's and log p
+        shift = pt.sample("shift", dist.Normal(0.0, 1.0))
+        with pt.plate("n", 2), pt.handlers.mask(mask=keep):
+            z = pt.sample("z", dist.Categorical(w))
+            pt.sample("y", dist.Normal(locs[z] + shift, 1.0), obs=y)
+
+    value, _ = Potential(shifted, compile=False).value_and_grad(torch.zeros(1, 1))
+    exact = -(dist.Normal(0.0, 1.0).log_prob(torch.tensor(0.0)) + log_p)
+    torch.testing.assert_close(value[0], exact)

@@ -212,8 +212,9 @@ def test_an_error_of_the_users_code_in_a_compiled_step_is_raised_as_it_is():
             loc = loc + pt.param("b", torch.tensor(0.0))
         pt.sample("mu", dist.Normal(loc, 1.0))
 
-    svi = SVI(lambda y, extra: global_model(y, 1.0), late_guide, pt.optim.Adam(lr=0.1),
-              Trace_ELBO())
+    svi = SVI(
+        lambda y, extra: global_model(y, 1.0), late_guide, pt.optim.Adam(lr=0.1), Trace_ELBO()
+    )
     svi.step(torch.ones(3), False)
     with pytest.raises(ValueError, match="param 'b' did not exist when SVI was initialized"):
         svi.step(torch.ones(3), True)
@@ -376,3 +377,27 @@ def test_the_probe_record_describes_operations_and_writes_nothing_outside():
     ops = [op for op, _, _ in first]
     assert ops[:2] == ["aten.add_.Tensor", "aten.mul_.Tensor"]
     assert first[1][2][0] == ("input", 0) and first[0][2][0][0] == (3,)  # input; digest
+
+
+def test_a_prior_built_outside_the_model_with_a_stride_0_row_is_captured_in_place():
+    # Pyro's PyroSample(dist.Normal(0., 10.).expand([1]).to_event(1)): loc and scale are
+    # (1,) tensors of stride 0, which torch calls contiguous; the step's digest of the
+    # constants it reads viewed them as bytes and failed, sending the step to torch.compile
+    prior = dist.Normal(0.0, 10.0).expand([1]).to_event(1)
+    assert prior.base_dist.loc.stride() == (0,)
+    y = torch.linspace(-1.0, 3.0, 7)
+
+    def model(y):
+        b = pt.sample("b", prior)
+        with pt.plate("n", 7):
+            pt.sample("y", dist.Normal(b, 1.0), obs=y)
+
+    def local_guide(y):
+        loc = pt.param("loc", torch.zeros(1))
+        pt.sample("b", dist.Normal(loc, 0.1).to_event(1))
+
+    svi = SVI(model, local_guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        svi.run(20, y, progress_bar=False)
+    assert not [w for w in caught if "could not be captured" in str(w.message)]

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..handlers import site_log_prob
+from ..handlers import distribution_log_prob, site_log_prob
 from ..runtime import Message, Messenger
 from ..validation import readable
 
@@ -123,8 +123,14 @@ class Factor:
             # product over a plate counts ``size`` times) is the same, for less work (the
             # gradient of a Categorical's normalized probabilities per element of the plate
             # took 70 % of a compiled mixture's)
-            fn = msg.extra.get("unexpanded_fn") if msg.extra.get("enumerated") else None
-            log_prob = site_log_prob(msg, apply_scale=False, fn=fn)
+            if msg.extra.get("enumerated"):
+                # As Pyro's TraceEnum_ELBO: a summed-out site's own term takes no mask
+                # (pt.handlers.mask); the sites that read it do. Masked, each of its values
+                # would weigh 1 and the sum add log K (a padded HMM step).
+                fn = msg.extra.get("unexpanded_fn") or msg.fn
+                log_prob = distribution_log_prob(fn, msg.value)
+            else:
+                log_prob = site_log_prob(msg, apply_scale=False)
             if apply_scale and msg.scale is not None:
                 scale = msg.scale / _plate_scale(plates.values())
         variables = msg.extra.get("enum_vars", {})

@@ -35,6 +35,19 @@ def _is_latent(site: Message) -> bool:
     )
 
 
+def on_latent_sites(init_fn):
+    """``init_fn`` as a ``substitute_fn`` that asks it about latent sample sites only, as
+    Pyro calls an ``init_loc_fn`` (``substitute`` also passes plate and param messages,
+    which a user's function written for Pyro does not expect)."""
+
+    def substitute_fn(site: Message):
+        if site.type != "sample" or site.is_observed:
+            return None
+        return init_fn(site)
+
+    return substitute_fn
+
+
 def _site_shape(site: Message) -> torch.Size:
     return (
         torch.Size(site.kwargs.get("sample_shape", ())) + site.fn.batch_shape + site.fn.event_shape

@@ -44,7 +44,7 @@ from .enumeration import (
     pointwise_log_likelihood,
     sum_out,
 )
-from .init_strategies import check_value_names, init_to_uniform
+from .init_strategies import check_value_names, init_to_uniform, on_latent_sites
 from .safe_linalg import nan_on_failure
 from .uncompilable import eager_fallback_note, raised_at
 
@@ -205,7 +205,7 @@ def _run_traced(model, args, kwargs, rng_seed, substitute_fn=None) -> Trace:
     """
     fn = seed(model, rng_seed=rng_seed)
     if substitute_fn is not None:
-        fn = substitute(fn, substitute_fn=substitute_fn)
+        fn = substitute(fn, substitute_fn=on_latent_sites(substitute_fn))
     tracer = trace(fn)
     with torch_validation(False), nan_on_failure():
         try:

@@ -401,7 +401,12 @@ class _OpRecord(TorchDispatchMode):
 
 def _digest(t: torch.Tensor) -> tuple:
     """Shape, layout, dtype, device and a hash of the values of ``t``."""
-    data = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+    flat = t.detach().contiguous().cpu().reshape(-1)
+    if flat.numel() and flat.stride(-1) != 1:
+        # torch calls a size-1 dim of any stride contiguous: expand([1]) of a scalar (Pyro's
+        # PyroSample(Normal(0, 10).expand([1]).to_event(1))) has stride 0, which view refuses
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    data = flat.view(torch.uint8).numpy().tobytes()
     return (tuple(t.shape), t.stride(), t.dtype, t.device, hashlib.sha1(data).hexdigest())
 
 

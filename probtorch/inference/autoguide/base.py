@@ -30,7 +30,7 @@ from ...primitives import param, plate
 from ...runtime import CondIndepStackFrame, Message, get_stack
 from ...validation import num_event_dims, torch_validation
 from ..angles import UnitVectorFromSpace, unconstraining_transform
-from ..init_strategies import check_value_names, init_to_median
+from ..init_strategies import check_value_names, init_to_median, on_latent_sites
 
 __all__ = ["AutoGuide", "LatentSite", "SiteDelta", "SiteTransformed"]
 
@@ -247,7 +247,8 @@ class AutoGuide:
     def _setup_prototype(self, *args, **kwargs) -> None:
         """Trace the model once and record its continuous latent sites."""
         rng_seed = int(torch.randint(0, 2**31 - 1, ()).item())
-        tracer = trace(seed(substitute(self.model, substitute_fn=self.init_loc_fn), rng_seed))
+        init = on_latent_sites(self.init_loc_fn)
+        tracer = trace(seed(substitute(self.model, substitute_fn=init), rng_seed))
         # Hide the run from the handlers outside (SVI's trace of the guide) and keep the
         # model's own params out of every store that matters.
         with block(), param_scope(ParamStore()), torch_validation(False):
