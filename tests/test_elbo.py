@@ -472,3 +472,28 @@ def test_a_site_broadcast_against_the_particle_dim_is_named():
                                          r"\(4, 4, 100\) with 4 particles.*allow 2 batch dims"):
         Trace_ELBO(num_particles=4).loss(model, guide)
     assert math.isfinite(Trace_ELBO(num_particles=4, vectorize_particles=False).loss(model, guide))
+
+
+def test_pyros_jit_elbos_are_the_elbos_taking_pyros_jit_arguments():
+    from probtorch.inference import (
+        JitTrace_ELBO,
+        JitTraceEnum_ELBO,
+        JitTraceGraph_ELBO,
+        JitTraceMeanField_ELBO,
+        TraceEnum_ELBO,
+    )
+
+    pairs = [
+        (JitTrace_ELBO, Trace_ELBO),
+        (JitTraceEnum_ELBO, TraceEnum_ELBO),
+        (JitTraceGraph_ELBO, TraceGraph_ELBO),
+        (JitTraceMeanField_ELBO, TraceMeanField_ELBO),
+    ]
+    x = torch.tensor(1.3)
+    for jit, base in pairs:
+        elbo = jit(num_particles=2, ignore_jit_warnings=True, jit_options={"check_trace": False})
+        assert isinstance(elbo, base) and type(elbo).__name__ == f"Jit{base.__name__}"
+        torch.manual_seed(0)
+        loss = elbo.loss(_conjugate_model, _exact_posterior_guide, x)
+        torch.manual_seed(0)
+        assert loss == base(num_particles=2).loss(_conjugate_model, _exact_posterior_guide, x)

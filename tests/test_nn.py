@@ -508,3 +508,36 @@ def test_svi_trains_a_transformer_encoder_registered_with_module():
     result = svi.run(300, x, y, progress_bar=False)
     assert float(result.losses[-20:].mean()) < 0.5 * float(result.losses[:20].mean())
     assert "encoder$$$layers.0.self_attn.out_proj.weight" in result.params
+
+
+def test_a_param_attribute_is_a_constrained_param_that_svi_fits():
+    from probtorch.distributions import constraints
+    from probtorch.inference import SVI, Trace_ELBO
+
+    class Noise(pt.nn.Module):
+        def __init__(self):
+            super().__init__(name="noise")
+            self.scale = pt.nn.Param(torch.tensor(1.0), constraint=constraints.positive)
+
+        def forward(self, y):
+            with pt.plate("data", y.shape[0]):
+                pt.sample("y", dist.Normal(0.0, self.scale), obs=y)
+
+    noise = Noise()
+    y = torch.tensor([0.5, -1.5, 2.0, -0.5])
+    svi = SVI(noise, lambda y: None, pt.optim.Adam(lr=0.05), Trace_ELBO(), seed=0)
+    svi.run(600, y, progress_bar=False)
+    # maximum likelihood: the root mean square of y
+    fitted = svi.get_params()["noise.scale"]
+    torch.testing.assert_close(fitted, y.pow(2).mean().sqrt(), atol=1e-3, rtol=0)
+    assert isinstance(Noise().__dict__["_pt_priors"]["scale"][0], pt.nn.Param)
+
+    layer = pt.nn.Module[torch.nn.Linear](2, 1, name="layer")
+    start = layer.bias.detach().clone()
+    layer.bias = pt.nn.Param(constraint=constraints.real)  # from the parameter it replaces
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        layer(torch.zeros(3, 2))
+    torch.testing.assert_close(store["layer.bias"], start)
+    assert [n for n, _ in layer.named_parameters()] == ["weight"]
+    assert "layer.bias" not in layer.random_attributes()

@@ -2,7 +2,17 @@
 
 from ..handlers import config_enumerate
 from . import autoguide
-from .elbo import RenyiELBO, Trace_ELBO, TraceEnum_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
+from .elbo import (
+    JitTrace_ELBO,
+    JitTraceEnum_ELBO,
+    JitTraceGraph_ELBO,
+    JitTraceMeanField_ELBO,
+    RenyiELBO,
+    Trace_ELBO,
+    TraceEnum_ELBO,
+    TraceGraph_ELBO,
+    TraceMeanField_ELBO,
+)
 from .init_strategies import (
     init_to_feasible,
     init_to_mean,
@@ -35,6 +45,10 @@ __all__ = [
     "TraceMeanField_ELBO",
     "TraceGraph_ELBO",
     "RenyiELBO",
+    "JitTrace_ELBO",
+    "JitTraceEnum_ELBO",
+    "JitTraceGraph_ELBO",
+    "JitTraceMeanField_ELBO",
     "Predictive",
     "log_likelihood",
     "config_enumerate",

@@ -963,3 +963,24 @@ class TraceGraph_ELBO(ELBO):
             surrogate_loss = surrogate_loss + baseline_loss
         # the surrogate's value differs from -ELBO only by terms with zero expectation
         return surrogate_loss, -elbo.mean(), new_state
+
+
+def _jit_version(base: type) -> type:
+    """Pyro's ``Jit`` version of ``base``: SVI compiles every ELBO's step here, so it is
+    ``base``, taking Pyro's ``ignore_jit_warnings`` and ``jit_options`` (unused)."""
+
+    def __init__(self, *args, ignore_jit_warnings: bool = False, jit_options=None, **kwargs):
+        base.__init__(self, *args, **kwargs)
+
+    name = f"Jit{base.__name__}"
+    doc = (
+        f"Pyro's ``{name}``, for ported code: :class:`{base.__name__}` (SVI compiles every "
+        f"ELBO's step; ``ignore_jit_warnings`` and ``jit_options`` are accepted and unused)."
+    )
+    return type(name, (base,), {"__init__": __init__, "__doc__": doc, "__module__": __name__})
+
+
+JitTrace_ELBO = _jit_version(Trace_ELBO)
+JitTraceEnum_ELBO = _jit_version(TraceEnum_ELBO)
+JitTraceGraph_ELBO = _jit_version(TraceGraph_ELBO)
+JitTraceMeanField_ELBO = _jit_version(TraceMeanField_ELBO)

@@ -5,7 +5,8 @@ and both work with SVI (autoguides such as ``AutoNormal``) and with NUTS (vector
 chains and compiled):
 
 - :class:`Module` with :class:`Sample` attributes (as Pyro's ``PyroModule``/``PyroSample``):
-  ``self.weight = pt.nn.Sample(prior)``; the ready-made :class:`BayesianLinear`.
+  ``self.weight = pt.nn.Sample(prior)``; the ready-made :class:`BayesianLinear`. A
+  :class:`Param` attribute (Pyro's ``PyroParam``) is a learnable param under a constraint.
 - :func:`random_module`: sample all (or some) parameters of a plain ``nn.Module`` and run it
   with ``torch.func.functional_call``.
 
@@ -47,7 +48,7 @@ Example::
 """
 
 from .layers import BayesianLinear
-from .module import Module, Sample
+from .module import Module, Param, Sample
 from .random_module import RandomModule, random_module
 
-__all__ = ["Module", "Sample", "BayesianLinear", "random_module", "RandomModule"]
+__all__ = ["Module", "Param", "Sample", "BayesianLinear", "random_module", "RandomModule"]

@@ -25,11 +25,12 @@ import copyreg
 from collections.abc import Callable
 
 import torch
+from torch.distributions import constraints
 
-from ..primitives import sample
+from ..primitives import param, sample
 from .priors import fit_prior
 
-__all__ = ["Module", "Sample"]
+__all__ = ["Module", "Param", "Sample"]
 
 
 class Sample:
@@ -64,6 +65,38 @@ class Sample:
 
     def __repr__(self) -> str:
         return f"Sample({self.prior!r})"
+
+
+class Param:
+    """A learnable attribute of a :class:`Module` (Pyro's ``PyroParam``): each read is
+    ``pt.param(f"{prefix}.{name}", init_value, constraint, event_dim)``, so SVI trains it in
+    its store under the constraint. ``init_value`` may be a tensor, a function giving one,
+    or ``None`` to start from the parameter it replaces.
+
+    Example::
+
+        >>> import torch, probtorch as pt
+        >>> from torch.distributions import constraints
+        >>> net = pt.nn.Module[torch.nn.Linear](2, 1, name="net")
+        >>> net.bias = pt.nn.Param(torch.ones(1), constraint=constraints.positive)
+        >>> store = pt.ParamStore()
+        >>> with pt.param_scope(store):
+        ...     _ = net(torch.zeros(3, 2))
+        >>> float(store["net.bias"].detach()), [n for n, _ in net.named_parameters()]
+        (1.0, ['weight'])
+    """
+
+    __slots__ = ("init_value", "constraint", "event_dim")
+
+    def __init__(self, init_value=None, constraint=constraints.real, event_dim=None):
+        if not (init_value is None or isinstance(init_value, torch.Tensor) or callable(init_value)):
+            init_value = torch.as_tensor(init_value, dtype=torch.get_default_dtype())
+        self.init_value = init_value
+        self.constraint = constraint
+        self.event_dim = event_dim
+
+    def __repr__(self) -> str:
+        return f"Param(constraint={self.constraint})"
 
 
 class _Context:
@@ -178,6 +211,23 @@ class Module(torch.nn.Module, metaclass=_ModuleMeta):
 
     def __setattr__(self, name: str, value) -> None:
         priors = self.__dict__.get("_pt_priors")
+        if isinstance(value, Param):
+            if priors is None:
+                raise AttributeError(
+                    f"cannot assign Param {name!r} before Module.__init__() is called"
+                )
+            if value.init_value is None:
+                replaced = self._parameters.get(name)
+                if replaced is None:
+                    raise ValueError(
+                        f"Param {name!r}: init_value=None takes the value of the parameter "
+                        f"it replaces, but the module has no parameter {name!r}"
+                    )
+                value = Param(replaced.detach().clone(), value.constraint, value.event_dim)
+            for store in (self._parameters, self._buffers, self._modules, self.__dict__):
+                store.pop(name, None)
+            priors[name] = (value, None)
+            return
         if isinstance(value, Sample):
             if priors is None:
                 raise AttributeError(
@@ -204,8 +254,12 @@ class Module(torch.nn.Module, metaclass=_ModuleMeta):
     def __getattr__(self, name: str):
         priors = self.__dict__.get("_pt_priors")
         if priors is not None and name in priors:
+            prior = priors[name][0]
             if self._pt_context.describing:
-                return Sample(priors[name][0])
+                return prior if isinstance(prior, Param) else Sample(prior)
+            if isinstance(prior, Param):
+                site = _join(self._pt_name, name)
+                return param(site, prior.init_value, prior.constraint, prior.event_dim)
             return self._pt_sample(name, *priors[name])
         return super().__getattr__(name)
 
@@ -264,5 +318,6 @@ class Module(torch.nn.Module, metaclass=_ModuleMeta):
         for sub in self.modules():
             if isinstance(sub, Module):
                 for attr, (prior, _) in sub._pt_priors.items():
-                    out[_join(sub._pt_name, attr)] = prior
+                    if not isinstance(prior, Param):
+                        out[_join(sub._pt_name, attr)] = prior
         return out
