@@ -383,6 +383,7 @@ class plate(Messenger):
         self.subsample_size = subsample_size
         self._user_dim = dim
         self.dim: int | None = dim
+        self._given = subsample is not None  # the caller's indices (a data loader's)
         if subsample is None:
             subsample = _subsample_site(name, size, subsample_size)
             if subsample.shape[0] != subsample_size:
@@ -471,6 +472,8 @@ class plate(Messenger):
         if n != self.size:
             factor = self.size / n
             msg.scale = factor if msg.scale is None else msg.scale * factor
+            if self._given:  # (an autoguide cannot draw these rows itself)
+                msg.extra["subsample_given"] = msg.extra.get("subsample_given", ()) + (self.name,)
 
     def postprocess_message(self, msg: Message) -> None:
         """As in Pyro: ``param(..., event_dim=k)`` inside the plate is a full-size param

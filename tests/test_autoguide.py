@@ -767,3 +767,62 @@ def test_an_init_loc_fn_written_for_pyro_is_asked_about_latent_sample_sites_only
     _, z = initialize_model(model, (y,), init_strategy=init_loc_fn, compile=False)
     assert set(asked) == {"scale", "locs"}
     torch.testing.assert_close(z[0], torch.tensor([math.log(2.0), -1.0, 1.0]))
+
+
+def test_a_guide_list_fits_each_part_over_its_own_sites():
+    from probtorch.inference.autoguide import AutoGuideList
+
+    y = torch.tensor([0.8, 1.9, 1.2, 0.4, 1.6])
+
+    def model(y):
+        tau = pt.sample("tau", dist.Gamma(3.0, 2.0))  # apart from the data: MAP (3-1)/2
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        with pt.plate("n", len(y)):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+        return tau
+
+    guide = AutoGuideList(model)
+    guide.append(AutoDelta(pt.handlers.block(model, expose=["tau"])))
+    guide.append(AutoNormal(pt.handlers.block(model, hide=["tau"])))
+    svi = SVI(model, guide, pt.optim.Adam(lr=0.01), Trace_ELBO(num_particles=16), seed=0)
+    svi.run(4000, y, progress_bar=False)
+    median = guide.median()
+    assert guide.param_names == ["auto.0.loc.tau", "auto.1.loc.mu", "auto.1.scale.mu"]
+    # AutoNormal's family holds mu's exact posterior N(sum y / (n + 1), 1 / (n + 1))
+    n = len(y)
+    torch.testing.assert_close(median["mu"], y.sum() / (n + 1), atol=0.05, rtol=0)
+    sd = guide.quantiles([0.5 - 0.3413, 0.5 + 0.3413])["mu"].diff() / 2
+    torch.testing.assert_close(sd[0], torch.tensor((1 / (n + 1)) ** 0.5), rtol=0.1, atol=0)
+    torch.testing.assert_close(median["tau"], torch.tensor(1.0), atol=0.03, rtol=0)
+    draws = Predictive(model, guide=guide, num_samples=4)(y, seed=0)
+    assert draws["y"].shape == (4, 5)
+    assert guide.sample_posterior(3, seed=0)["tau"].shape == (3,)
+
+
+def test_a_guide_lists_parts_share_one_subsample_and_no_site():
+    from probtorch.inference.autoguide import AutoGuideList
+
+    def model():
+        with pt.plate("data", 8, subsample_size=3):
+            pt.sample("a", dist.Normal(0.0, 1.0))
+            pt.sample("b", dist.Normal(0.0, 1.0))
+
+    guide = AutoGuideList(model)
+    guide.append(AutoNormal(pt.handlers.block(model, expose=["a"]), init_scale=1e-6))
+    guide.append(AutoDelta(pt.handlers.block(model, expose=["b"])))
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        _run_guide(guide)
+        store["auto.0.loc.a"] = torch.arange(8.0)
+        store["auto.1.loc.b"] = torch.arange(8.0)
+        tr = _run_guide(guide, seed=3)
+    torch.testing.assert_close(tr["a"].value, tr["b"].value, atol=1e-4, rtol=0)
+    torch.testing.assert_close(tr["b"].value, tr["data"].value.float())
+
+    both = AutoGuideList(model)
+    both.append(AutoNormal(model))
+    both.append(AutoDelta(pt.handlers.block(model, expose=["b"])))
+    with pytest.raises(ValueError, match=r"site 'b' is drawn by part 0 \(AutoNormal\) and part 1"):
+        _run_guide(both)
+    with pytest.raises(TypeError, match="AutoGuideList takes autoguides"):
+        both.append(lambda: None)

@@ -5,7 +5,8 @@ site with the model's name, shape and support: mean-field :class:`AutoNormal`, p
 :class:`AutoDelta` (MAP), and guides over one flat unconstrained vector
 (:class:`AutoDiagonalNormal`, :class:`AutoMultivariateNormal`,
 :class:`AutoLowRankMultivariateNormal`, :class:`AutoLaplaceApproximation`,
-:class:`AutoIAFNormal`).
+:class:`AutoIAFNormal`); :class:`AutoGuideList` makes one guide of several, each over
+some of the sites.
 
 Example::
 
@@ -29,6 +30,7 @@ from .continuous import (
     AutoMultivariateNormal,
 )
 from .flows import AutoIAFNormal
+from .guide_list import AutoGuideList
 from .normal import AutoDelta, AutoNormal
 
 __all__ = [
@@ -42,4 +44,5 @@ __all__ = [
     "AutoLowRankMultivariateNormal",
     "AutoLaplaceApproximation",
     "AutoIAFNormal",
+    "AutoGuideList",
 ]

@@ -231,8 +231,8 @@ class AutoGuide:
         self.init_scale = float(init_scale)
         self.create_plates = create_plates
         self.prototype_trace: Trace | None = None
-        # Subsampled plates whose indices the model takes from its arguments (no plate
-        # site records them): create_plates must give the guide those plates.
+        # Subsampled plates whose indices the model takes from its arguments:
+        # create_plates must give the guide those plates.
         self._subsample_given: dict[str, CondIndepStackFrame] = {}
         self.latents: dict[str, LatentSite] = {}
         # Params that do not come from a store (the guide of a Laplace approximation).
@@ -266,12 +266,11 @@ class AutoGuide:
                 f"nothing for a guide to approximate"
             )
         self.latents = latents
-        drawn = {name for name, site in tracer.trace.items() if site.type == "plate"}
         self._subsample_given = {
             frame.name: frame
             for site in latents.values()
             for frame in site.subsampled_frames
-            if frame.name not in drawn
+            if frame.name in tracer.trace[site.name].extra.get("subsample_given", ())
         }
         self._check_prototype()
 
@@ -336,21 +335,29 @@ class AutoGuide:
 
     def _create_plates(self, args: tuple, kwargs: dict) -> dict[str, plate]:
         """The plates of the latent sites: ``create_plates``'s, and for the others one per
-        name seen in the prototype, as the model built it."""
-        plates = self._given_plates(args, kwargs)
+        name seen in the prototype, as the model built it. Inside an
+        :class:`~.guide_list.AutoGuideList` call the parts share one plate per name (one
+        subsample per guide run)."""
+        shared = self._shared_plates
+        plates = self._given_plates(args, kwargs, shared)
         for site in self.latents.values():
             for frame in site.frames:
                 if frame.name not in plates:
                     plates[frame.name] = plate(
                         frame.name, frame.size, subsample_size=frame.subsample_size, dim=frame.dim
                     )
+        if shared is not None:
+            shared.update(plates)
         return plates
 
-    def _given_plates(self, args: tuple, kwargs: dict) -> dict[str, plate]:
+    # a dict of plates by name while an AutoGuideList runs this guide as one of its parts
+    _shared_plates: dict | None = None
+
+    def _given_plates(self, args: tuple, kwargs: dict, shared: dict | None = None) -> dict:
         given = () if self.create_plates is None else self.create_plates(*args, **kwargs)
         if isinstance(given, plate):
             given = (given,)
-        plates = {}
+        plates = dict(shared or {})
         for p in given:
             if not isinstance(p, plate):
                 raise TypeError(
