@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from ._errors import with_message
 from .runtime import Message, Messenger, apply_stack
 from .validation import check_sample_site, is_validation_enabled, readable
 
@@ -109,11 +110,7 @@ def _named_site_log_prob(site: Message, apply_scale: bool = True) -> torch.Tenso
             f"computing the log density of site {site.name!r} ({kind}; {where}; value of "
             f"shape {shape}; plates {plates}) failed: {error}"
         )
-        try:
-            named = type(error)(message)
-        except Exception:  # an exception type that takes other arguments
-            named = RuntimeError(message)
-        raise named from error
+        raise with_message(error, message) from error
 
 
 class Trace(OrderedDict):

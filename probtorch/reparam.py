@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch.distributions import Independent, TransformedDistribution, constraints
 
+from ._errors import with_message
 from .primitives import param, sample
 
 __all__ = ["Reparam", "LocScaleReparam", "TransformReparam"]
@@ -110,11 +111,7 @@ class LocScaleReparam(Reparam):
                 f"{type(fn).__name__} from loc, scale and shape_params={shape_params!r} "
                 f"(name the family's other parameters in shape_params=): {error}"
             )
-            try:
-                named = type(error)(message)
-            except Exception:  # an exception type that takes other arguments
-                named = ValueError(message)
-            raise named from error
+            raise with_message(error, message, ValueError) from error
         decentered_fn = self._wrap(decentered_fn, expand_shape, event_dim)
         decentered = sample(f"{name}_decentered", decentered_fn)
         value = fn.loc + fn.scale ** (1 - centered) * (decentered - centered * fn.loc)
