@@ -1090,3 +1090,22 @@ def test_nuts_on_upper_truncated_and_independent_zero_sum_sites(float64):
     for draws, exact in checks:
         mcse = draws.std() / math.sqrt(float(az.ess(draws[None, :])))
         assert abs(draws.mean() - exact) < Z_MAX * mcse, (draws.mean(), exact, mcse)
+
+
+def test_interval_censored_refuses_a_row_whose_ends_are_swapped():
+    d = dist.IntervalCensoredDistribution(
+        dist.Normal(0.0, 1.0),
+        left_censored=torch.tensor([False, True]),
+        right_censored=torch.tensor([False, False]),
+    )
+    # the left-censored row's lower end is unused: any order is fine there
+    assert torch.isfinite(d.log_prob(torch.tensor([[0.0, 1.0], [3.0, 1.0]]))).all()
+    with pytest.raises(ValueError, match="IntervalCensoredSupport"):
+        d.log_prob(torch.tensor([[1.0, 0.0], [3.0, 1.0]]))
+
+
+def test_a_hurdle_familys_parameter_error_names_it():
+    with pytest.raises(ValueError, match=r"HurdlePoisson: Expected parameter rate"):
+        dist.HurdlePoisson(rate=torch.tensor(-2.0), gate=torch.tensor(0.3), validate_args=True)
+    with pytest.raises(ValueError, match=r"HurdleNegativeBinomial: Expected parameter probs"):
+        dist.HurdleNegativeBinomial(3.0, probs=torch.tensor(1.5), gate=0.2, validate_args=True)

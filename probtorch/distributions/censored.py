@@ -170,8 +170,9 @@ def _log_survival(base, x):
 
 
 class _IntervalSupport(constraints.independent):
-    """Pairs ``(lower, upper)`` of reals, except that the end a one-sided row does not use
-    (``lower`` of a left-censored row, ``upper`` of a right-censored one) may be ``nan``.
+    """Pairs ``lower <= upper`` of reals, except that the end a one-sided row does not use
+    (``lower`` of a left-censored row, ``upper`` of a right-censored one) may be anything
+    (``nan``).
     ``biject_to`` treats it as ``independent(real, 1)``."""
 
     def __init__(self, left_censored, right_censored):
@@ -185,7 +186,9 @@ class _IntervalSupport(constraints.independent):
         left, right = self.left_censored, self.right_censored
         lower_ok = ~torch.isnan(value[..., 0]) | (left & ~right)
         upper_ok = ~torch.isnan(value[..., 1]) | (right & ~left)
-        return lower_ok & upper_ok
+        # a row that uses both ends needs lower <= upper (it was swapped silently)
+        ordered = ~(value[..., 0] > value[..., 1]) | (left ^ right)
+        return lower_ok & upper_ok & ordered
 
     def __repr__(self):
         return "IntervalCensoredSupport()"

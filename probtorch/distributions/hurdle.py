@@ -157,6 +157,14 @@ class HurdleDistribution(TorchDistribution):
         return (1.0 - self.probs_zero) * m2 - self.mean**2
 
 
+def _base_of(name: str, family: type, *args, **kwargs):
+    """``family(*args, **kwargs)``, its parameter errors naming the hurdle family too."""
+    try:
+        return family(*args, **kwargs)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from error
+
+
 class HurdlePoisson(HurdleDistribution):
     """Hurdle Poisson: ``P(0) = gate``, positive counts from a zero-truncated ``Poisson(rate)``.
 
@@ -170,7 +178,7 @@ class HurdlePoisson(HurdleDistribution):
     """
 
     def __init__(self, rate, gate=None, *, gate_logits=None, validate_args=None):
-        base = Poisson(rate, validate_args=validate_args)
+        base = _base_of(type(self).__name__, Poisson, rate, validate_args=validate_args)
         super().__init__(base, gate, gate_logits=gate_logits, validate_args=validate_args)
 
     _param_constraints = {"rate": constraints.positive}
@@ -204,8 +212,13 @@ class HurdleNegativeBinomial(HurdleDistribution):
         gate_logits=None,
         validate_args=None,
     ):
-        base = NegativeBinomial(
-            total_count, probs=probs, logits=logits, validate_args=validate_args
+        base = _base_of(
+            type(self).__name__,
+            NegativeBinomial,
+            total_count,
+            probs=probs,
+            logits=logits,
+            validate_args=validate_args,
         )
         super().__init__(base, gate, gate_logits=gate_logits, validate_args=validate_args)
 
