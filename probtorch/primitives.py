@@ -404,7 +404,8 @@ class plate(Messenger):
                 f"plate {self.name!r}: a plate with dim={self._user_dim} is vectorized; "
                 f"iterate a plate built without dim (Pyro's sequential plate)"
             )
-        rows = range(self.size) if self.subsample_size == self.size else self.indices.tolist()
+        ordered = self.subsample_size == self.size and not self._given
+        rows = range(self.size) if ordered else self.indices.tolist()
         scaled = _ScaledBy(self.size / self.subsample_size)
         for i in rows:
             with scaled:
@@ -496,7 +497,7 @@ class plate(Messenger):
                 f"{self.size} (a value inside a plate holds every row; its rows are cut to "
                 f"the subsample)"
             )
-        if self.subsample_size < self.size:
+        if self.subsample_size < self.size or self._given:  # (given: maybe a permutation)
             return value.index_select(dim, self.indices)
         return value
 

@@ -819,6 +819,23 @@ def test_a_guide_lists_parts_share_one_subsample_and_no_site():
     torch.testing.assert_close(tr["a"].value, tr["b"].value, atol=1e-4, rtol=0)
     torch.testing.assert_close(tr["b"].value, tr["data"].value.float())
 
+    def model3():
+        with pt.plate("data", 8, subsample_size=3):
+            for name in "abc":
+                pt.sample(name, dist.Normal(0.0, 1.0))
+
+    inner = AutoGuideList(model3, prefix="inner")  # a list inside a list, appended late
+    inner.append(AutoNormal(pt.handlers.block(model3, expose=["a"])))
+    outer = AutoGuideList(model3)
+    outer.append(inner)
+    outer.append(AutoDelta(pt.handlers.block(model3, expose=["b"])))
+    with pt.param_scope(pt.ParamStore()):
+        assert set(_run_guide(outer).keys()) >= {"a", "b"}
+        inner.append(AutoDelta(pt.handlers.block(model3, expose=["c"])))
+        outer.append(AutoNormal(pt.handlers.block(model3, expose=["c"])))
+        with pytest.raises(ValueError, match=r"site 'c' is drawn by part 0"):
+            _run_guide(outer)
+
     both = AutoGuideList(model)
     both.append(AutoNormal(model))
     both.append(AutoDelta(pt.handlers.block(model, expose=["b"])))

@@ -491,7 +491,14 @@ def test_pyros_jit_elbos_are_the_elbos_taking_pyros_jit_arguments():
     ]
     x = torch.tensor(1.3)
     for jit, base in pairs:
-        elbo = jit(num_particles=2, ignore_jit_warnings=True, jit_options={"check_trace": False})
+        elbo = jit(
+            num_particles=2,
+            ignore_jit_warnings=True,
+            jit_options={"check_trace": False},
+            max_plate_nesting=1,
+            retain_graph=True,
+            strict_enumeration_warning=False,
+        )
         assert isinstance(elbo, base) and type(elbo).__name__ == f"Jit{base.__name__}"
         torch.manual_seed(0)
         loss = elbo.loss(_conjugate_model, _exact_posterior_guide, x)

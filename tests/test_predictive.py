@@ -488,3 +488,6 @@ def test_a_guides_draws_take_the_rows_of_the_calls_subsample(guide_kind, paralle
     out = predictive(y, idx=torch.tensor([6, 1]), seed=3)
     _assert_rows_met(out, 2)
     assert (out["rows"] == torch.tensor([6.0, 1.0])).all()
+    out = predictive(y, idx=torch.arange(8).flip(0), seed=4)  # all rows, in another order
+    _assert_rows_met(out, 8)
+    assert (out["rows"] == torch.arange(7.0, -1.0, -1.0)).all()

@@ -695,6 +695,7 @@ def test_an_iterated_plate_runs_the_body_per_index_with_the_subsample_scale(f64)
     assert float(tracer.trace.log_prob_sum()) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match=r"plate 's': a plate with dim=-1 is vectorized"):
         list(pt.plate("s", 3, dim=-1))
+    assert list(pt.plate("s", 3, subsample=torch.tensor([2, 0, 1]))) == [2, 0, 1]
 
 
 def test_a_subsampled_plate_built_twice_in_one_traced_run_is_refused():

@@ -265,7 +265,9 @@ def _check_same_sites(plan: ELBOPlan, model_trace: Trace, guide_trace: Trace) ->
                 f"{' ...' if len(gone) > 5 else ''}): SVI and the ELBO fix their plan of "
                 f"the sites on the first call. Use a new SVI (and ELBO) for each set of "
                 f"sites (e.g. each sequence length), or pad the data to one length and "
-                f"mask it (pt.handlers.mask or obs_mask)"
+                f"mask it (pt.handlers.mask or obs_mask); sites named by a subsampled "
+                f"plate's index in a loop (f'y_{{i}}' in `for i in pt.plate(..., "
+                f"subsample_size=k)`) change every call: use a vectorized plate"
             )
 
 
@@ -294,9 +296,22 @@ class ELBO:
         num_particles: draws from the guide per estimate.
         vectorize_particles: draw all particles in one batched pass (an extra plate to the
             left of the model's plates) rather than one after another.
+
+    Pyro's ``max_plate_nesting``, ``retain_graph`` and ``strict_enumeration_warning`` are
+    taken for ported code: the plates are found by running the model (``TraceEnum_ELBO``
+    reads ``max_plate_nesting`` as a bound), and SVI differentiates each step's graph once.
     """
 
-    def __init__(self, num_particles: int = 1, vectorize_particles: bool = True):
+    def __init__(
+        self,
+        num_particles: int = 1,
+        vectorize_particles: bool = True,
+        *,
+        max_plate_nesting: int | None = None,
+        retain_graph: bool | None = None,
+        strict_enumeration_warning: bool = True,
+    ):
+        self.max_plate_nesting = max_plate_nesting
         if int(num_particles) < 1:
             raise ValueError(f"num_particles must be >= 1, got {num_particles}")
         self.num_particles = int(num_particles)
@@ -626,9 +641,11 @@ class TraceEnum_ELBO(ELBO):
         num_particles: int = 1,
         vectorize_particles: bool = True,
         max_plate_nesting: int | None = None,
+        **pyros,
     ):
-        super().__init__(num_particles, vectorize_particles)
-        self.max_plate_nesting = max_plate_nesting
+        super().__init__(
+            num_particles, vectorize_particles, max_plate_nesting=max_plate_nesting, **pyros
+        )
 
     def _sums_out(self, site: Message) -> bool:
         return enumerable(site)
@@ -806,10 +823,12 @@ class RenyiELBO(ELBO):
         1.5155
     """
 
-    def __init__(self, alpha: float = 0.0, num_particles: int = 2, vectorize_particles=True):
+    def __init__(
+        self, alpha: float = 0.0, num_particles: int = 2, vectorize_particles=True, **pyros
+    ):
         if float(alpha) == 1.0:
             raise ValueError("RenyiELBO: alpha=1 is the ordinary ELBO; use Trace_ELBO")
-        super().__init__(num_particles, vectorize_particles)
+        super().__init__(num_particles, vectorize_particles, **pyros)
         self.alpha = float(alpha)
 
     def _bound(self, elbo_particles: torch.Tensor) -> torch.Tensor:

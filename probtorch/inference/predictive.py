@@ -398,8 +398,10 @@ class _RowsOfSubsample(Messenger):
         event_dim = num_event_dims(msg.fn)
         cuts = []
         for handler in get_stack():
-            if not isinstance(handler, plate) or handler.subsample_size == handler.size:
+            if not isinstance(handler, plate):
                 continue
+            if handler.subsample_size == handler.size and not handler._given:
+                continue  # (given indices of full length may still be a permutation)
             dim = handler.dim - event_dim
             if value.dim() >= -dim and value.shape[dim] == handler.size:
                 value = value.index_select(dim, handler.indices)

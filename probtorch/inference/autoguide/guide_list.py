@@ -58,6 +58,7 @@ class AutoGuideList(AutoGuide):
             part.prefix = f"{self.prefix}.{len(self.parts)}"
         part.fitted_store, part.fitting = self.fitted_store, self.fitting
         self.parts.append(part)
+        self.prototype_trace = None  # set up again with this part on the next call
 
     add = append  # (Pyro's older name)
 
@@ -123,7 +124,8 @@ class AutoGuideList(AutoGuide):
     # -- draws and summaries ---------------------------------------------------------------
     def __call__(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         self._ensure_prototype(args, kwargs)
-        shared = self._given_plates(args, kwargs)
+        # (inside an outer list: its plates too)
+        shared = self._given_plates(args, kwargs, self._shared_plates)
         result = {}
         try:
             for part in self.parts:
@@ -132,6 +134,8 @@ class AutoGuideList(AutoGuide):
         finally:
             for part in self.parts:
                 part._shared_plates = None
+        if self._shared_plates is not None:
+            self._shared_plates.update(shared)
         return result
 
     def median(self, params: dict | None = None) -> dict[str, torch.Tensor]:
