@@ -8,12 +8,14 @@ by the handlers in :mod:`probtorch.handlers`.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any
 
 import pyro.distributions as pyro_dist
 import torch
 from torch.distributions import constraints
 
+from .handlers import scale
 from .params import get_param_store
 from .runtime import CondIndepStackFrame, Message, Messenger, apply_stack, get_stack
 from .validation import num_event_dims, readable
@@ -313,18 +315,6 @@ def _given_subsample(name: str, size: int, indices, subsample_size) -> int:
     return count
 
 
-class _ScaledBy(Messenger):
-    """Multiplies the scale of the sample sites inside by ``factor`` (1: leaves it)."""
-
-    def __init__(self, factor: float):
-        super().__init__()
-        self.factor = factor
-
-    def process_message(self, msg: Message) -> None:
-        if msg.type == "sample" and self.factor != 1:
-            msg.scale = self.factor if msg.scale is None else msg.scale * self.factor
-
-
 class plate(Messenger):
     """A vectorized conditional-independence context of ``size`` elements along ``dim``.
 
@@ -404,12 +394,18 @@ class plate(Messenger):
                 f"plate {self.name!r}: a plate with dim={self._user_dim} is vectorized; "
                 f"iterate a plate built without dim (Pyro's sequential plate)"
             )
-        ordered = self.subsample_size == self.size and not self._given
-        rows = range(self.size) if ordered else self.indices.tolist()
-        scaled = _ScaledBy(self.size / self.subsample_size)
+        rows = self.indices.tolist() if self.selects_rows else range(self.size)
+        subsampled = self.subsample_size < self.size
+        scaled = scale(scale=self.size / self.subsample_size) if subsampled else nullcontext()
         for i in rows:
             with scaled:
                 yield i
+
+    @property
+    def selects_rows(self) -> bool:
+        """Whether its indices are other than all rows in order: a subsample, or indices
+        the caller gave (of full length, maybe a permutation)."""
+        return self.subsample_size < self.size or self._given
 
     def _allocate_dim(self) -> int:
         used = {h.dim for h in get_stack() if isinstance(h, plate) and h is not self}
@@ -497,9 +493,7 @@ class plate(Messenger):
                 f"{self.size} (a value inside a plate holds every row; its rows are cut to "
                 f"the subsample)"
             )
-        if self.subsample_size < self.size or self._given:  # (given: maybe a permutation)
-            return value.index_select(dim, self.indices)
-        return value
+        return value.index_select(dim, self.indices) if self.selects_rows else value
 
 
 class markov(Messenger):

@@ -39,8 +39,6 @@ from torch.distributions import (
 __all__ = [
     "log_cdf",
     "log_survival",
-    "icdf",
-    "isf",
     "icdf_log",
     "isf_log",
     "ndtri_log",
@@ -362,17 +360,6 @@ def isf_log(d: Distribution, log_q: torch.Tensor) -> torch.Tensor:
     if fns is not None and fns[3] is not None:
         return fns[3](d, log_q)
     return d.icdf(_probs(-torch.expm1(log_q)))
-
-
-def icdf(d: Distribution, p: torch.Tensor) -> torch.Tensor:
-    """``F^{-1}(p)``, accurate for small ``p``."""
-    return icdf_log(d, torch.log(_probs(p)))
-
-
-def isf(d: Distribution, q: torch.Tensor) -> torch.Tensor:
-    """Inverse survival function ``S^{-1}(q) = F^{-1}(1 - q)``, accurate for small ``q``
-    where the family has a closed form."""
-    return isf_log(d, torch.log(_probs(q)))
 
 
 def log_prob_between(

@@ -127,8 +127,8 @@ class Factor:
                 # As Pyro's TraceEnum_ELBO: a summed-out site's own term takes no mask
                 # (pt.handlers.mask); the sites that read it do. Masked, each of its values
                 # would weigh 1 and the sum add log K (a padded HMM step).
-                fn = msg.extra.get("unexpanded_fn") or msg.fn
-                log_prob = distribution_log_prob(fn, msg.value)
+                fn = msg.extra.get("unexpanded_fn")
+                log_prob = distribution_log_prob(msg.fn if fn is None else fn, msg.value)
             else:
                 log_prob = site_log_prob(msg, apply_scale=False)
             if apply_scale and msg.scale is not None:

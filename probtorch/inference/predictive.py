@@ -398,15 +398,13 @@ class _RowsOfSubsample(Messenger):
         event_dim = num_event_dims(msg.fn)
         cuts = []
         for handler in get_stack():
-            if not isinstance(handler, plate):
+            if not (isinstance(handler, plate) and handler.selects_rows):
                 continue
-            if handler.subsample_size == handler.size and not handler._given:
-                continue  # (given indices of full length may still be a permutation)
-            dim = handler.dim - event_dim
-            if value.dim() >= -dim and value.shape[dim] == handler.size:
-                value = value.index_select(dim, handler.indices)
-                cuts.append((dim, handler.name))
+            cut = handler.rows_of(value, event_dim, f"site {msg.name!r}'s guide draw")
+            if cut is not value:
+                cuts.append((handler.dim - event_dim, handler.name))
                 self.indices[handler.name] = handler.indices
+            value = cut
         self.cuts[msg.name] = cuts
         msg.value = value
 
