@@ -38,6 +38,16 @@ from .validation import enable_validation, is_validation_enabled
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """``pt.inference`` and ``pt.infer`` (Pyro's name for it), imported on first use."""
+    if name in ("inference", "infer"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "sample",
     "param",

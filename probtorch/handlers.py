@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from ._errors import with_message
-from .runtime import Message, Messenger, apply_stack
+from .runtime import Message, Messenger, apply_stack, get_stack
 from .validation import check_sample_site, is_validation_enabled, readable
 
 __all__ = [
@@ -113,6 +113,29 @@ def _named_site_log_prob(site: Message, apply_scale: bool = True) -> torch.Tenso
         raise with_message(error, message) from error
 
 
+def _refuse_reentry(handler: Messenger) -> None:
+    """Refuse to enter ``handler`` while it is already on the stack, as Pyro's
+    ``Messenger.__enter__`` does: it would apply twice (``with s: with s:`` of a
+    ``scale(scale=2.)`` scaled by 4)."""
+    if handler in get_stack():
+        name = type(handler).__name__
+        raise ValueError(
+            f"the {name} handler is entered again while it is active (`with h: with h:`, or "
+            f"a model wrapped by h that calls another one wrapped by h); it would apply twice. "
+            f"Build a second {name}(...) for the inner block (Pyro refuses this too)"
+        )
+
+
+class _Handler(Messenger):
+    """Base of the handlers here: a :class:`Messenger` that cannot be entered twice at once
+    (:func:`_refuse_reentry`); entered again after it exits, or by two models it wraps one
+    after the other, it is fine."""
+
+    def __enter__(self):
+        _refuse_reentry(self)
+        return super().__enter__()
+
+
 class Trace(OrderedDict):
     """An ordered record ``name -> Message`` of one run of a model.
 
@@ -153,12 +176,14 @@ class Trace(OrderedDict):
             total = term if total is None else total + term
         return torch.zeros(()) if total is None else total
 
-    def log_likelihood(self) -> dict[str, torch.Tensor]:
-        """Pointwise log likelihood of the observed sites (masked, not scaled)."""
+    def log_likelihood(self, factors: bool = False) -> dict[str, torch.Tensor]:
+        """Pointwise log likelihood of the observed sites (masked, not scaled); with
+        ``factors``, of the ``pt.factor`` sites too (observed sites in NumPyro, whose
+        ``log_likelihood`` counts them)."""
         return {
             name: _named_site_log_prob(site, apply_scale=False)
             for name, site in self.sample_sites(observed=True).items()
-            if not site.infer.get("is_auxiliary", False)
+            if factors or not site.infer.get("is_auxiliary", False)
         }
 
     @property
@@ -167,7 +192,7 @@ class Trace(OrderedDict):
         return self
 
 
-class trace(Messenger):
+class trace(_Handler):
     """Record every site of a run in a :class:`Trace`.
 
     Sample sites are checked eagerly (distribution parameters, observed shapes and
@@ -203,6 +228,8 @@ class trace(Messenger):
         return self.trace
 
     def postprocess_message(self, msg: Message) -> None:
+        if msg.extra.get("indices_given"):
+            return  # a plate's given indices: data, not a draw to replay
         if msg.name in self.trace:
             first = self.trace[msg.name]
             if msg.type == "plate" and first.type == "plate" and msg.value is not first.value:
@@ -232,7 +259,7 @@ class trace(Messenger):
         return self.trace
 
 
-class seed(Messenger):
+class seed(_Handler):
     """Give the model random numbers from torch's generator, seeded with ``rng_seed``.
 
     The global RNG state is saved on entry and restored on exit, so a seeded model is
@@ -259,6 +286,7 @@ class seed(Messenger):
         self._saved: list = []
 
     def __enter__(self):
+        _refuse_reentry(self)  # before the generator's state is saved and reseeded
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._saved.append(
             (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
@@ -277,7 +305,7 @@ class seed(Messenger):
         msg.extra["seeded"] = True
 
 
-class substitute(Messenger):
+class substitute(_Handler):
     """Replace the values of latent sample sites and params by ``data[name]``.
 
     Example::
@@ -312,7 +340,7 @@ class substitute(Messenger):
             msg.value = value
 
 
-class condition(Messenger):
+class condition(_Handler):
     """Observe sample sites at ``data[name]``: they become likelihood terms. ``data`` may
     also be a :class:`Trace`, whose sample sites' values are observed (as in Pyro).
 
@@ -344,7 +372,7 @@ class condition(Messenger):
         msg.extra["conditioned"] = True  # fixed by the user: Predictive keeps the value
 
 
-class block(Messenger):
+class block(_Handler):
     """Hide sites from the handlers outside this one (all sites unless told otherwise).
 
     As in Pyro, a site is hidden if its name is in ``hide``, or its type in ``hide_types``,
@@ -429,7 +457,7 @@ def _block_rule(hide_all, expose_all, hide, expose, hide_types, expose_types):
     return hide_fn
 
 
-class replay(Messenger):
+class replay(_Handler):
     """Give latent sample sites (and plate indices) the values recorded in ``trace``.
 
     As in Pyro, a replayed sample site takes the ``infer`` dict of the trace's site (a
@@ -490,7 +518,7 @@ def _check_scale(scale) -> None:
         raise ValueError(f"scale must be positive, got {scale}")
 
 
-class scale(Messenger):
+class scale(_Handler):
     """Multiply the log densities of sample sites by ``scale`` (e.g. a minibatch factor).
 
     Example::
@@ -513,7 +541,7 @@ class scale(Messenger):
             msg.scale = self.scale if msg.scale is None else self.scale * msg.scale
 
 
-class mask(Messenger):
+class mask(_Handler):
     """Zero the log densities of sample sites where ``mask`` is False.
 
     Example::
@@ -550,7 +578,7 @@ class mask(Messenger):
             msg.mask = torch.as_tensor(msg.mask) & torch.as_tensor(self.mask)
 
 
-class infer_config(Messenger):
+class infer_config(_Handler):
     """Update each latent sample site's ``infer`` dict with ``config_fn(msg)`` (Pyro's
     ``poutine.infer_config``).
 
@@ -618,7 +646,7 @@ def config_enumerate(
     return infer_config(fn, config)
 
 
-class do(Messenger):
+class do(_Handler):
     """Intervene: set sample sites to ``data[name]`` and cut their dependence on parents.
 
     The site ``name`` is still drawn as usual (so its density is unchanged); the
@@ -654,7 +682,7 @@ class do(Messenger):
         msg.stop = True
 
 
-class reparam(Messenger):
+class reparam(_Handler):
     """Rewrite sample sites with a :class:`~probtorch.reparam.Reparam` (non-centering, ...).
 
     ``config`` maps site names to reparameterizers, or is a callable ``msg -> Reparam|None``.

@@ -206,6 +206,11 @@ class ParamStore:
     def save(self, path) -> None:
         """Save the params and their constraints to ``path`` (``torch.save``).
 
+        Params only, as Pyro's ``ParamStoreDict.save``: the store keeps params, not the
+        modules whose parameters ``pt.module`` registers, so a module's buffers (a
+        ``BatchNorm``'s running statistics) and its frozen parameters are not saved; save
+        them with the module (``torch.save(net.state_dict(), path)``).
+
         Example::
 
             >>> import os, tempfile

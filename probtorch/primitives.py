@@ -254,13 +254,51 @@ def _subsample_default(msg: Message) -> torch.Tensor:
     return torch.randperm(size)[:subsample_size]
 
 
-def _subsample_site(name: str, size: int, subsample_size: int) -> torch.Tensor:
-    """The indices a plate uses; a ``"plate"`` site, so replay/substitute can fix them."""
-    msg = Message("plate", name, args=(size, subsample_size), default=_subsample_default)
+def _subsample_site(
+    name: str, size: int, subsample_size: int, given: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The indices a plate uses; a ``"plate"`` site, so replay/substitute can fix them.
+
+    With ``given`` (the caller's indices) the site holds them already, as Pyro's does;
+    traces do not record it (its indices are data, not a draw), but a replay or
+    substitute that gives other indices is refused (:func:`_check_given_indices`)."""
+    msg = Message(
+        "plate", name, args=(size, subsample_size), value=given, default=_subsample_default
+    )
+    if given is not None:
+        msg.extra["indices_given"] = True
     if not get_stack():
         msg.extra["seeded"] = True  # no handler: plain torch RNG, as in interactive use
-        return _subsample_default(msg)
-    return apply_stack(msg).value
+        return _subsample_default(msg) if given is None else given
+    value = apply_stack(msg).value
+    if given is not None:
+        _check_given_indices(name, given, value)
+    return value
+
+
+def _shown(indices: torch.Tensor) -> str:
+    """A few of ``indices``' values, for messages."""
+    head = indices[:5].tolist()
+    return f"{head}{' ...' if len(indices) > 5 else ''}"
+
+
+def _check_given_indices(name: str, given: torch.Tensor, value: torch.Tensor) -> None:
+    """Refuse indices that a handler (the guide's trace replayed into the model, or
+    Predictive's guide) gives a plate the model gave other ones (``subsample=``): the
+    model's data and the guide's local draws would be other rows."""
+    if value is given or not (readable(given) and readable(value)):
+        return
+    if value.shape == given.shape and bool(torch.equal(value.to(given.device), given)):
+        return
+    raise ValueError(
+        f"plate {name!r}: the model gives it subsample indices of shape "
+        f"{tuple(given.shape)} ({_shown(given)}), but a replayed trace (the guide's, under "
+        f"SVI or an ELBO, or Predictive's guide) gives indices of shape "
+        f"{tuple(value.shape)} ({_shown(value)}): the guide drew its own subsample, so its "
+        f"local sites would belong to other rows than the model's data. Pass the same "
+        f"subsample to the guide: pt.plate({name!r}, ..., subsample=idx) in the guide's "
+        f"plate too (or draw the indices once and give them to both)"
+    )
 
 
 def subsample(data: torch.Tensor, event_dim: int) -> torch.Tensor:
@@ -281,6 +319,15 @@ def subsample(data: torch.Tensor, event_dim: int) -> torch.Tensor:
         if isinstance(handler, plate):
             data = handler.rows_of(data, int(event_dim), "subsample(data, ...)")
     return data
+
+
+def _every_row_in_order(indices: torch.Tensor, size: int) -> bool:
+    """Whether given indices are ``0, 1, ..., size - 1`` (where their values can be read)."""
+    return (
+        indices.shape[0] == size
+        and readable(indices)
+        and bool(torch.equal(indices, torch.arange(size, device=indices.device)))
+    )
 
 
 def _given_subsample(name: str, size: int, indices, subsample_size) -> int:
@@ -330,6 +377,10 @@ class plate(Messenger):
     runs once per index (a Python int), not vectorized, with the sites in it scaled by
     ``size / subsample_size``. The inference algorithms read no independence from it (no
     batch dim, no frame): their results are those of the same loop without a plate.
+    Subsampled, its sites' names (``f"z_{i}"``) change with the rows drawn: the ELBOs plan
+    each run's sites anew where they run eagerly (``SVI(..., compile=False)``,
+    ``elbo.loss``), and a compiled SVI step refuses it; a param in the loop must hold every
+    row (``pt.param("loc", torch.zeros(n))[i]``), as SVI creates params on its first step.
 
     Example::
 
@@ -373,20 +424,20 @@ class plate(Messenger):
         self.subsample_size = subsample_size
         self._user_dim = dim
         self.dim: int | None = dim
-        self._given = subsample is not None  # the caller's indices (a data loader's)
-        if subsample is None:
-            subsample = _subsample_site(name, size, subsample_size)
-            if subsample.shape[0] != subsample_size:
-                # A handler gave the indices (the model replaying the guide's plate).
-                if asked is not None:
-                    raise ValueError(
-                        f"plate {name!r}: subsample_size={asked} but a handler (replay of "
-                        f"the guide's trace, or substitute) gave {subsample.shape[0]} "
-                        f"indices: do the model and the guide subsample this plate to "
-                        f"different sizes?"
-                    )
-                self.subsample_size = subsample_size = int(subsample.shape[0])
-        self.indices: torch.Tensor = subsample
+        # the caller's indices (a data loader's), unless they are every row in order
+        self._given = subsample is not None and not _every_row_in_order(subsample, size)
+        indices = _subsample_site(name, size, subsample_size, subsample)
+        if subsample is None and indices.shape[0] != subsample_size:
+            # A handler gave the indices (the model replaying the guide's plate).
+            if asked is not None:
+                raise ValueError(
+                    f"plate {name!r}: subsample_size={asked} but a handler (replay of "
+                    f"the guide's trace, or substitute) gave {indices.shape[0]} "
+                    f"indices: do the model and the guide subsample this plate to "
+                    f"different sizes?"
+                )
+            self.subsample_size = int(indices.shape[0])
+        self.indices: torch.Tensor = indices
 
     def __iter__(self):
         if self._user_dim is not None:
@@ -396,7 +447,11 @@ class plate(Messenger):
             )
         rows = self.indices.tolist() if self.selects_rows else range(self.size)
         subsampled = self.subsample_size < self.size
-        scaled = scale(scale=self.size / self.subsample_size) if subsampled else nullcontext()
+        scaled = (
+            _looped_rows(self.name, self.size / self.subsample_size)
+            if subsampled
+            else nullcontext()
+        )
         for i in rows:
             with scaled:
                 yield i
@@ -469,8 +524,8 @@ class plate(Messenger):
         if n != self.size:
             factor = self.size / n
             msg.scale = factor if msg.scale is None else msg.scale * factor
-            if self._given:  # (an autoguide cannot draw these rows itself)
-                msg.extra["subsample_given"] = msg.extra.get("subsample_given", ()) + (self.name,)
+        if self._given:  # (an autoguide cannot draw these rows, a permutation too, itself)
+            msg.extra["subsample_given"] = msg.extra.get("subsample_given", ()) + (self.name,)
 
     def postprocess_message(self, msg: Message) -> None:
         """As in Pyro: ``param(..., event_dim=k)`` inside the plate is a full-size param
@@ -494,6 +549,21 @@ class plate(Messenger):
                 f"the subsample)"
             )
         return value.index_select(dim, self.indices) if self.selects_rows else value
+
+
+class _looped_rows(scale):
+    """The scale of an iterated subsampled plate's body. Its sample and param sites record
+    the plate's name in ``msg.extra["looped_plates"]``: sites named by the row index change
+    with each subsample, which the ELBOs' plan of the sites (and SVI's params) need to know."""
+
+    def __init__(self, name: str, factor: float):
+        super().__init__(scale=factor)
+        self.name = name
+
+    def process_message(self, msg: Message) -> None:
+        super().process_message(msg)
+        if msg.type in ("sample", "param"):
+            msg.extra["looped_plates"] = msg.extra.get("looped_plates", ()) + (self.name,)
 
 
 class markov(Messenger):

@@ -799,6 +799,36 @@ def test_a_guide_list_fits_each_part_over_its_own_sites():
     assert guide.sample_posterior(3, seed=0)["tau"].shape == (3,)
 
 
+def test_one_init_to_value_shared_by_the_parts_of_a_guide_list():
+    """As in Pyro, one ``init_to_value`` may give values for the sites of several parts:
+    each part takes its own sites' (before, each part refused the names of the sites the
+    others draw, as no site of its blocked model). A name that is no site of the whole
+    model is still refused, with the whole model's latent sites."""
+    from probtorch.inference import init_to_value
+    from probtorch.inference.autoguide import AutoGuideList
+
+    def model():
+        scale = pt.sample("scale", dist.HalfNormal(1.0))
+        pt.sample("loc", dist.Normal(0.0, scale))
+        pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(0.3))
+
+    def guide_list(values):
+        init = init_to_value(values=values)
+        guide = AutoGuideList(model)
+        guide.append(AutoDelta(pt.handlers.block(model, expose=["scale"]), init_loc_fn=init))
+        guide.append(AutoNormal(pt.handlers.block(model, hide=["scale"]), init_loc_fn=init))
+        return guide
+
+    guide = guide_list({"scale": 0.7, "loc": 1.5, "y": 0.3})
+    with pt.param_scope(pt.ParamStore()):
+        _run_guide(guide)
+        assert math.isclose(float(guide[0].median()["scale"]), 0.7, rel_tol=1e-6)
+        assert math.isclose(float(guide[1].median()["loc"]), 1.5, rel_tol=1e-6)
+    guide = guide_list({"scale": 0.7, "lco": 1.5})
+    with pytest.raises(ValueError, match=r"\['lco'\].*latent sites are \['scale', 'loc'\]"):
+        _run_guide(guide)
+
+
 def test_a_guide_lists_parts_share_one_subsample_and_no_site():
     from probtorch.inference.autoguide import AutoGuideList
 
@@ -843,3 +873,70 @@ def test_a_guide_lists_parts_share_one_subsample_and_no_site():
         _run_guide(both)
     with pytest.raises(TypeError, match="AutoGuideList takes autoguides"):
         both.append(lambda: None)
+
+
+_INFER_FORMS = {
+    # Pyro's forms, with pt for pyro, each script in a fresh interpreter: the first form of
+    # each finds nothing of probtorch.infer imported before it
+    "attribute_first": """
+import sys
+import probtorch as pt
+import probtorch.inference as m
+assert "probtorch.infer" not in sys.modules
+assert pt.infer.MCMC is m.MCMC and pt.infer.autoguide.AutoNormal is m.autoguide.AutoNormal
+from probtorch.infer import SVI, MCMC, NUTS, Trace_ELBO, Predictive
+assert (SVI, MCMC, NUTS, Trace_ELBO, Predictive) == (
+    m.SVI, m.MCMC, m.NUTS, m.Trace_ELBO, m.Predictive)
+""",
+    "submodule_first": """
+from probtorch.infer.autoguide import AutoNormal
+import probtorch.infer
+import probtorch.infer.autoguide
+import probtorch.inference as m
+assert AutoNormal is m.autoguide.AutoNormal and probtorch.infer.autoguide is m.autoguide
+assert probtorch.infer.SVI is m.SVI and probtorch.infer.mcmc is m.mcmc
+""",
+}
+
+
+@pytest.mark.parametrize("form", sorted(_INFER_FORMS))
+def test_probtorch_infer_is_pyros_name_for_probtorch_inference(form):
+    """``probtorch.infer`` (Pyro's ``pyro.infer``) gives the objects of
+    ``probtorch.inference`` in each form Pyro code imports them (before: no such module)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _INFER_FORMS[form]], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("guide_class", [AutoNormal, AutoDelta, AutoDiagonalNormal])
+def test_a_plate_given_all_rows_in_another_order_takes_the_guides_rows_in_that_order(guide_class):
+    """A full-length permutation (a data loader's shuffled epoch) is given rows as a
+    partial subsample is: without create_plates it is refused alike; with it the guide's
+    full-size params are taken in the permuted order, as the model's rows are."""
+    y, perm = torch.arange(8.0), torch.tensor([3, 0, 7, 1, 6, 2, 5, 4])
+    name = guide_class.__name__
+    with pytest.raises(ValueError, match=rf"{name}: plate 'data' takes its subsample .*create_"):
+        with pt.param_scope(pt.ParamStore()):
+            _run_guide(guide_class(_minibatch_model), y, perm)
+    plates = lambda y, idx: pt.plate("data", 8, subsample=idx)  # noqa: E731
+    guide = guide_class(_minibatch_model, create_plates=plates)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        _run_guide(guide, y, perm)
+        # row i of the guide at the value i (its scale nearly 0)
+        if guide_class is AutoDiagonalNormal:  # (mu, then z)
+            store["auto.loc"] = torch.cat([torch.zeros(1), torch.arange(8.0)])
+            store["auto.scale"] = torch.full((9,), 1e-6)
+        else:
+            store["auto.loc.z"] = torch.arange(8.0)
+        if guide_class is AutoNormal:
+            store["auto.scale.z"] = torch.full((8,), 1e-6)
+        drawn = _run_guide(guide, y, perm, seed=1)["z"].value
+    torch.testing.assert_close(drawn, perm.float(), atol=1e-4, rtol=0)
+    if guide_class is AutoDiagonalNormal:  # one joint vector: a subsample is refused
+        with pt.param_scope(store), pytest.raises(ValueError, match="subsamples 3 of 8"):
+            _run_guide(guide, y, perm[:3])

@@ -137,6 +137,47 @@ def test_one_handler_decorating_two_models_runs_each():
     assert torch.equal(drawn(), seed(lambda: pt.sample("x", dist.Normal(0.0, 1.0)), 0)())
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: scale(scale=2.0),
+        lambda: seed(rng_seed=0),
+        lambda: trace(),
+        lambda: block(),
+        lambda: mask(mask=True),
+    ],
+    ids=["scale", "seed", "trace", "block", "mask"],
+)
+def test_a_handler_entered_again_while_active_is_refused(make):
+    """As Pyro's ``Messenger.__enter__``: re-entering an active handler raised nothing and
+    applied it twice (``with s: with s:`` of ``scale(scale=2.)`` gave scale 4). Entering it
+    again after it exits, two models it wraps run one after the other, and two instances
+    nested stay fine."""
+    h = make()
+    name = type(h).__name__
+    state = torch.random.get_rng_state()
+    with pytest.raises(ValueError, match=rf"the {name} handler is entered again"):
+        with h:
+            with h:
+                pass
+    assert get_stack() == [] and torch.equal(torch.random.get_rng_state(), state)
+    with h:  # used again after it exited
+        pt.sample("a", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
+    f1 = h(lambda: pt.sample("a", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0)))
+    f2 = h(lambda: f1())  # a model wrapped by h calls another wrapped by h
+    f1()
+    f1()
+    with pytest.raises(ValueError, match=rf"the {name} handler is entered again"):
+        f2()
+    assert get_stack() == []
+    with make(), make():  # two instances nested
+        pt.sample("a", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
+    s = scale(scale=2.0)
+    with trace() as tr, s, scale(scale=3.0):
+        pt.sample("a", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
+    assert tr["a"].scale == 6.0
+
+
 def test_messenger_exit_cleans_stack_after_exception():
     def model():
         with pt.plate("p", 3):

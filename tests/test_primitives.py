@@ -740,3 +740,42 @@ def test_the_store_answers_pyros_param_store_methods():
     torch.testing.assert_close(names["q.scale"], torch.tensor([1.0, 2.0]).log())
     assert names["q.scale"].requires_grad
     assert len(store.values()) == 3
+
+
+def test_a_plate_given_indices_refuses_other_indices_from_a_replayed_trace():
+    """The model takes its minibatch from its arguments; a guide that draws its own
+    subsample would give its local sites other rows than the model's data (in Pyro the
+    replayed indices silently override the model's): refused, naming the plate and both
+    index tensors. The same indices are accepted; a model plate without indices still
+    takes the guide's."""
+    idx = torch.tensor([5, 2, 7])
+
+    def model(idx=None):
+        with pt.plate("data", 8, subsample=idx):
+            return pt.sample("z", dist.Normal(0.0, 1.0))
+
+    def own(k):  # the guide draws its own subsample
+        with pt.plate("data", 8, subsample_size=k):
+            pt.sample("z", dist.Normal(0.0, 1.0))
+
+    for k in (3, 2):
+        guide_tr = trace(seed(own, rng_seed=0)).get_trace(k)
+        drawn = guide_tr["data"].value
+        assert not torch.equal(drawn, idx)
+        with pytest.raises(
+            ValueError,
+            match=rf"plate 'data': the model gives it subsample indices of shape \(3,\) "
+            rf"\(\[5, 2, 7\]\), but .* gives indices of shape \({k},\) .*"
+            rf"subsample=idx\) in the guide",
+        ):
+            trace(replay(model, trace=guide_tr)).get_trace(idx)
+        model_tr = trace(replay(model, trace=guide_tr)).get_trace()  # as Pyro (z replayed)
+        assert torch.equal(model_tr["data"].value, drawn) and model_tr["z"].value.shape == (k,)
+    same = trace(substitute(model, data={"data": idx.clone(), "z": torch.zeros(3)})).get_trace(idx)
+    assert same["z"].value.shape == (3,)
+
+
+def test_given_indices_select_rows_unless_they_are_every_row_in_order():
+    assert pt.plate("p", 3, subsample=torch.tensor([2, 0, 1])).selects_rows
+    assert pt.plate("p", 3, subsample=torch.tensor([1])).selects_rows
+    assert not pt.plate("p", 3, subsample=torch.arange(3)).selects_rows

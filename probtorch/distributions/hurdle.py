@@ -99,9 +99,13 @@ class HurdleDistribution(TorchDistribution):
         if self._validate_args:
             self._validate_sample(value)
         log_gate, log_open = self._log_gates()
-        base_log_p0 = self.base_dist.log_prob(torch.zeros_like(value))
-        positive = log_open + self.base_dist.log_prob(value) - log1mexp(base_log_p0)
+        positive = log_open + self._log_prob_positive(value)
         return torch.where(value == 0, log_gate.expand_as(positive), positive)
+
+    def _log_prob_positive(self, value):
+        """``log p(value | value > 0)`` of the base, for ``value > 0``."""
+        base_log_p0 = self.base_dist.log_prob(torch.zeros_like(value))
+        return self.base_dist.log_prob(value) - log1mexp(base_log_p0)
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
@@ -186,6 +190,18 @@ class HurdlePoisson(HurdleDistribution):
     @property
     def rate(self):
         return self.base_dist.rate
+
+    def _log_prob_positive(self, value):
+        """``k log r - log k! - r - log(1 - e^-r)`` as ``(k - 1) log r - log k! - r -
+        log((1 - e^-r) / r)``: the ``log r`` that both terms hold at a small rate cancels
+        before rounding (in float32 the other form lost ``eps * |log r|`` to it)."""
+        rate = self.rate
+        return (
+            torch.xlogy(value - 1, rate)
+            - torch.lgamma(value + 1)
+            - rate
+            - torch.log(-torch.expm1(-rate) / rate)
+        )
 
     def _sample_positive(self, shape):
         return _zero_truncated_poisson(self.rate.expand(shape))

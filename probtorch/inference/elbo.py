@@ -76,7 +76,8 @@ class _Record(Messenger):
 
     def postprocess_message(self, msg: Message) -> None:
         if msg.type in ("sample", "plate") and msg.name not in self.trace:
-            self.trace[msg.name] = msg
+            if not msg.extra.get("indices_given"):  # (data, as trace leaves them out)
+                self.trace[msg.name] = msg
 
 
 def _is_delta(fn) -> bool:
@@ -113,6 +114,10 @@ class ELBOPlan:
     # TraceEnum_ELBO: the guide's discrete sites marked infer={"enumerate": "parallel"},
     # whose expectation is taken exactly (each value weighted by its probability)
     guide_enumerated: tuple[str, ...] = ()
+    # whether a run may have other sample sites (a loop over a subsampled plate's rows,
+    # f"z_{i}"), each run then planned from its own traces: eager runs only (SVI's
+    # compiled step fixes the sites; SVI(compile=False) sets this)
+    sites_may_change: bool = True
 
 
 # -- support and shape checks -------------------------------------------------------------
@@ -242,10 +247,10 @@ class _CheckAgainstGuide(Messenger):
 
 
 # -- helpers for batched particles -------------------------------------------------------
-def _check_same_sites(plan: ELBOPlan, model_trace: Trace, guide_trace: Trace) -> None:
-    """Raise where the model or guide ran other sample sites than when the plan was made
-    (a loop over the data's length, called with longer data): the ELBO would leave the new
-    ones out, or fail on the missing ones."""
+def _other_sites(plan: ELBOPlan, model_trace: Trace, guide_trace: Trace):
+    """``(who, trace, new, gone)`` for the first of model and guide that ran other sample
+    sites than ``plan`` holds (a loop over the data's length, called with longer data; a
+    loop over a subsampled plate's rows); ``None`` where both ran the planned ones."""
     for who, tr, planned in (
         ("model", model_trace, plan.model_sites),
         ("guide", guide_trace, plan.guide_latents + plan.guide_factors),
@@ -259,16 +264,54 @@ def _check_same_sites(plan: ELBOPlan, model_trace: Trace, guide_trace: Trace) ->
         new = [n for n in sites if n not in known]
         gone = [n for n in planned if n not in tr]
         if new or gone:
-            raise ValueError(
-                f"the {who} ran other sample sites than on the first call (new: "
-                f"{new[:5]}{' ...' if len(new) > 5 else ''}, missing: {gone[:5]}"
-                f"{' ...' if len(gone) > 5 else ''}): SVI and the ELBO fix their plan of "
-                f"the sites on the first call. Use a new SVI (and ELBO) for each set of "
-                f"sites (e.g. each sequence length), or pad the data to one length and "
-                f"mask it (pt.handlers.mask or obs_mask); sites named by a subsampled "
-                f"plate's index in a loop (f'y_{{i}}' in `for i in pt.plate(..., "
-                f"subsample_size=k)`) change every call: use a vectorized plate"
-            )
+            return who, tr, new, gone
+    return None
+
+
+def _looped(tr: Trace, new: list) -> bool:
+    """Whether the ``new`` sites of ``tr`` all lie in loops over subsampled plates' rows
+    (``msg.extra["looped_plates"]``), whose names change with each subsample."""
+    return bool(new) and all(tr[n].extra.get("looped_plates") for n in new)
+
+
+def _replannable(plan: ELBOPlan) -> bool:
+    """Whether a run's plan can be made from its own traces: not where sites are summed
+    out (chosen before the run) or carry state between steps (decaying baselines)."""
+    return not (plan.enumerated or plan.guide_enumerated or plan.initial_state)
+
+
+def _other_sites_error(plan: ELBOPlan, who, tr, new, gone) -> ValueError:
+    """The refusal of a run with other sample sites than the plan's, naming the looped
+    subsampled plates that renamed them, if they did (:func:`_looped`)."""
+    message = (
+        f"the {who} ran other sample sites than on the first call (new: "
+        f"{new[:5]}{' ...' if len(new) > 5 else ''}, missing: {gone[:5]}"
+        f"{' ...' if len(gone) > 5 else ''}): "
+    )
+    if not _looped(tr, new):
+        return ValueError(
+            message + "SVI and the ELBO fix their plan of the sites on the first call. Use a "
+            "new SVI (and ELBO) for each set of sites (e.g. each sequence length), or pad the "
+            "data to one length and mask it (pt.handlers.mask or obs_mask)"
+        )
+    plates = dict.fromkeys(p for n in new for p in tr[n].extra["looped_plates"])
+    named = ", ".join(repr(p) for p in plates)
+    loop = (
+        f"sites named by the rows of the subsampled plate {named} in a loop (`for i in "
+        f"pt.plate(...)`) change every call"
+    )
+    if plan.sites_may_change:  # eager, but planned once: summed-out sites, baselines
+        remedy = (
+            "summed-out (enumerated) sites and decaying-average baselines are planned once, "
+            "so use a vectorized plate (`with pt.plate(...):`)"
+        )
+    else:
+        remedy = (
+            "a compiled SVI step fixes its sites on the first call: SVI(..., "
+            "compile=False) plans each step's sites anew, or use a vectorized plate "
+            "(`with pt.plate(...):`)"
+        )
+    return ValueError(f"{message}{loop}; {remedy}")
 
 
 def _per_particle(x: torch.Tensor, pdim: int | None, num: int) -> torch.Tensor:
@@ -527,16 +570,33 @@ class ELBO:
         num = self.num_particles
         if self.vectorize_particles or num == 1:
             model_trace, guide_trace = self._traces(model, guide, args, kwargs, plan)
-            _check_same_sites(plan, model_trace, guide_trace)
-            return self._from_traces(model_trace, guide_trace, plan, state)
+            run_plan = self._plan_of_run(plan, model_trace, guide_trace)
+            return self._from_traces(model_trace, guide_trace, run_plan, state)
         surrogates, losses = [], []
         for _ in range(num):
             model_trace, guide_trace = self._traces(model, guide, args, kwargs, plan)
-            _check_same_sites(plan, model_trace, guide_trace)
-            surrogate, loss, state = self._from_traces(model_trace, guide_trace, plan, state)
+            run_plan = self._plan_of_run(plan, model_trace, guide_trace)
+            surrogate, loss, state = self._from_traces(model_trace, guide_trace, run_plan, state)
             surrogates.append(surrogate)
             losses.append(loss)
         return self._combine_sequential(surrogates, losses, state)
+
+    def _plan_of_run(self, plan: ELBOPlan, model_trace: Trace, guide_trace: Trace) -> ELBOPlan:
+        """``plan``, where the run has its sample sites; where its new sites are those of a
+        loop over a subsampled plate's rows and ``plan.sites_may_change``, the plan of this
+        run, made and checked from its traces as :meth:`prepare` makes the first; else a
+        ValueError naming the sites (and the looped plates)."""
+        other = _other_sites(plan, model_trace, guide_trace)
+        if other is None:
+            return plan
+        if _looped(other[1], other[2]) and plan.sites_may_change and _replannable(plan):
+            run_plan = self._check(model_trace, guide_trace)
+            # (the traces' dims hold the particles: the plates' nesting is the plan's)
+            run_plan.max_plate_nesting = plan.max_plate_nesting
+            self._extend_plan(run_plan, model_trace, guide_trace)
+            if _replannable(run_plan):
+                return run_plan
+        raise _other_sites_error(plan, *other)
 
     def _combine_sequential(self, surrogates, losses, state):
         return torch.stack(surrogates).mean(), torch.stack(losses).mean(), state

@@ -8,6 +8,7 @@ Called with keyword arguments only, each returns a configured strategy, as in Nu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -213,6 +214,29 @@ def init_to_value(site: Message | None = None, values: dict | None = None, radiu
     return init_to_uniform(site, radius=radius)
 
 
+# While an AutoGuideList sets up its parts: the init_to_value strategies whose names it checks
+# on the whole model (each part sees only its own sites), else None.
+_deferred: list | None = None
+
+
+@contextlib.contextmanager
+def deferred_value_checks():
+    """Collect, rather than check, the :func:`init_to_value` strategies that
+    :func:`check_value_names` sees in the block: an ``AutoGuideList``'s parts each trace the
+    model with the other parts' sites hidden, so one ``init_to_value`` shared by the parts
+    names sites a part does not see. Yields the list to check on the whole model, or
+    ``None`` inside an outer block (whose owner checks them)."""
+    global _deferred
+    if _deferred is not None:
+        yield None
+        return
+    _deferred = collected = []
+    try:
+        yield collected
+    finally:
+        _deferred = None
+
+
 def check_value_names(strategy, trace) -> None:
     """Refuse an :func:`init_to_value` strategy whose ``values`` name no site of the model
     traced in ``trace`` (a mistyped name would leave its site where ``init_to_uniform``
@@ -231,6 +255,10 @@ def check_value_names(strategy, trace) -> None:
         ValueError: init_to_value: values has ['scael'], which are not sites ...['scale']
     """
     if not (isinstance(strategy, functools.partial) and strategy.func is init_to_value):
+        return
+    if _deferred is not None:
+        if all(strategy is not seen for seen in _deferred):
+            _deferred.append(strategy)
         return
     unknown = sorted(set(strategy.keywords.get("values") or ()) - set(trace))
     if unknown:

@@ -122,10 +122,18 @@ class _ParamValues(Messenger):
         if msg.type != "param" or msg.value is not None:
             return
         if msg.name not in self.values:
+            looped = msg.extra.get("looped_plates")
             raise ValueError(
                 f"param {msg.name!r} did not exist when SVI was initialized; all params must "
                 f"be created in the first run of the model and guide (call svi.init again, "
                 f"or make a new SVI)"
+                + (
+                    f". It lies in a loop over the rows of the subsampled plate "
+                    f"{looped[0]!r}, whose rows change every step: make one param for all "
+                    f"rows and index it by the row (pt.param('loc', torch.zeros(size))[i])"
+                    if looped
+                    else ""
+                )
             )
         value = self.values[msg.name]
         constraint = self.param_constraints[msg.name]
@@ -619,6 +627,8 @@ class SVI:
         written: list = []
         with self._rng(), param_scope(self.param_store), _module_calls(called, written):
             self._plan = self.loss.prepare(self.model, self.guide, args, kwargs)
+        # eager steps may run other sites each (a loop over a subsampled plate's rows)
+        self._plan.sites_may_change = not self.compiled
         store = self.param_store
         if len(store) == 0:
             raise ValueError(

@@ -165,6 +165,15 @@ def _repeat_to(value: torch.Tensor, size: int, dim: int) -> torch.Tensor:
     return value.repeat(repeats).narrow(dim, 0, size).contiguous()
 
 
+def rows_of_plates(value: torch.Tensor, site: LatentSite, plates: dict, event_dim: int):
+    """The rows of ``value`` (full size along the site's plates, ``event_dim`` dims right
+    of them) that the guide's plates select: a subsample's, or given indices' in their
+    order (``plate.selects_rows``). Call it inside the plates (:func:`run_in_plates`)."""
+    for frame in site.frames:
+        value = plates[frame.name].rows_of(value, event_dim, f"site {site.name!r}'s guide value")
+    return value
+
+
 def run_in_plates(frames: Sequence[CondIndepStackFrame], plates: dict, fn: Callable):
     """Call ``fn()`` inside the plates named by ``frames`` (explicit enter/exit, no ExitStack)."""
     entered = []
@@ -266,10 +275,11 @@ class AutoGuide:
                 f"nothing for a guide to approximate"
             )
         self.latents = latents
+        # (a plate given all rows in another order too: plate.selects_rows)
         self._subsample_given = {
             frame.name: frame
             for site in latents.values()
-            for frame in site.subsampled_frames
+            for frame in site.frames
             if frame.name in tracer.trace[site.name].extra.get("subsample_given", ())
         }
         self._check_prototype()

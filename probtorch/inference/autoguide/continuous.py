@@ -20,7 +20,14 @@ from torch.distributions import constraints
 from ...handlers import substitute, trace
 from ...primitives import sample
 from ...validation import enable_validation, innermost, is_validation_enabled, torch_validation
-from .base import AutoGuide, SiteDelta, as_quantiles, is_identity, run_in_plates
+from .base import (
+    AutoGuide,
+    SiteDelta,
+    as_quantiles,
+    is_identity,
+    rows_of_plates,
+    run_in_plates,
+)
 
 __all__ = [
     "AutoContinuous",
@@ -53,16 +60,19 @@ class AutoContinuous(AutoGuide):
         {'a': (5,), 'w': (5, 2)}
     """
 
+    def _refuse_subsample(self, site: str, name: str, subsample_size: int, size: int):
+        raise ValueError(
+            f"{type(self).__name__}: latent site {site!r} lies in plate {name!r}, which "
+            f"subsamples {subsample_size} of {size} elements; guides over one joint latent "
+            f"vector need the full plate. Use AutoNormal (which indexes full-size params by "
+            f"the subsample) instead"
+        )
+
     def _check_prototype(self) -> None:
         for site in self.latents.values():
             if site.subsampled_frames:
                 frame = site.subsampled_frames[0]
-                raise ValueError(
-                    f"{type(self).__name__}: latent site {site.name!r} lies in plate "
-                    f"{frame.name!r}, which subsamples {frame.subsample_size} of {frame.size} "
-                    f"elements; guides over one joint latent vector need the full plate. Use "
-                    f"AutoNormal (which indexes full-size params by the subsample) instead"
-                )
+                self._refuse_subsample(site.name, frame.name, frame.subsample_size, frame.size)
         self._offsets = {}
         offset = 0
         for name, site in self.latents.items():
@@ -124,8 +134,19 @@ class AutoContinuous(AutoGuide):
                 log_density = -transform.log_abs_det_jacobian(unconstrained, value)
                 extra = log_density.dim() - (value.dim() - site.event_dim)
                 log_density = _sum_rightmost(log_density, extra)
-            fn = SiteDelta(value, site.support, log_density=log_density, event_dim=site.event_dim)
-            result[name] = run_in_plates(site.frames, plates, lambda n=name, f=fn: sample(n, f))
+            for frame in site.frames:  # (create_plates may give a subsampled plate)
+                given = plates[frame.name]
+                if given.subsample_size != given.size:
+                    self._refuse_subsample(name, frame.name, given.subsample_size, given.size)
+
+            def draw(site=site, value=value, log_density=log_density):
+                # all rows, in the order of indices the model was given (a permutation)
+                rows = rows_of_plates(value, site, plates, site.event_dim)
+                density = rows_of_plates(log_density, site, plates, 0)
+                fn = SiteDelta(rows, site.support, log_density=density, event_dim=site.event_dim)
+                return sample(site.name, fn)
+
+            result[name] = run_in_plates(site.frames, plates, draw)
         return result
 
     # -- summaries -----------------------------------------------------------------

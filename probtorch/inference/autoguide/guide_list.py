@@ -6,7 +6,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ...params import ParamStore
+from ...handlers import block, seed, trace
+from ...params import ParamStore, param_scope
+from ...validation import torch_validation
+from ..init_strategies import check_value_names, deferred_value_checks
 from .base import AutoGuide
 
 __all__ = ["AutoGuideList"]
@@ -94,8 +97,12 @@ class AutoGuideList(AutoGuide):
         if not self.parts:
             raise ValueError("AutoGuideList has no parts: append autoguides to it first")
         latents, owners, names = {}, {}, {}
+        with deferred_value_checks() as init_values:
+            for part in self.parts:
+                part._ensure_prototype(args, kwargs)
+        if init_values:
+            self._check_init_values(init_values, args, kwargs)
         for i, part in enumerate(self.parts):
-            part._ensure_prototype(args, kwargs)
             for site, latent in part.latents.items():
                 if site in owners:
                     raise ValueError(
@@ -115,6 +122,16 @@ class AutoGuideList(AutoGuide):
                 names[name] = i
         self.latents = latents
         self.prototype_trace = self.parts[0].prototype_trace
+
+    def _check_init_values(self, strategies: list, args: tuple, kwargs: dict) -> None:
+        """Check the names of the parts' ``init_to_value`` strategies on one run of the
+        whole model: one strategy may give values for the sites of several parts (each
+        part takes its own), but a name that is no site of the model is refused."""
+        tracer = trace(seed(self.model, 0))  # (names only; the global stream is left alone)
+        with block(), param_scope(ParamStore()), torch_validation(False):
+            tracer(*args, **kwargs)
+        for strategy in strategies:
+            check_value_names(strategy, tracer.trace)
 
     @property
     def param_names(self) -> list[str]:

@@ -22,18 +22,11 @@ from .base import (
     SiteTransformed,
     as_quantiles,
     is_identity,
+    rows_of_plates,
     run_in_plates,
 )
 
 __all__ = ["AutoNormal", "AutoDelta"]
-
-
-def _index_subsample(value: torch.Tensor, site: LatentSite, plates: dict, event_dim: int):
-    """The rows of a full-size param that the current subsample of each plate selects."""
-    for frame in site.subsampled_frames:
-        dim = value.dim() + frame.dim - event_dim
-        value = value.index_select(dim, plates[frame.name].indices)
-    return value
 
 
 class AutoNormal(AutoGuide):
@@ -89,8 +82,8 @@ class AutoNormal(AutoGuide):
 
             def draw(site=site, name=name):
                 event_dim = site.unconstrained_event_dim
-                loc = _index_subsample(values[f"loc.{name}"], site, plates, event_dim)
-                scale = _index_subsample(values[f"scale.{name}"], site, plates, event_dim)
+                loc = rows_of_plates(values[f"loc.{name}"], site, plates, event_dim)
+                scale = rows_of_plates(values[f"scale.{name}"], site, plates, event_dim)
                 return sample(name, self._site_distribution(site, loc, scale))
 
             result[name] = run_in_plates(site.frames, plates, draw)
@@ -177,7 +170,7 @@ class AutoDelta(AutoGuide):
         for name, site in self.latents.items():
 
             def draw(site=site, name=name):
-                value = _index_subsample(values[f"loc.{name}"], site, plates, site.event_dim)
+                value = rows_of_plates(values[f"loc.{name}"], site, plates, site.event_dim)
                 return sample(name, SiteDelta(value, site.support, event_dim=site.event_dim))
 
             result[name] = run_in_plates(site.frames, plates, draw)
