@@ -192,6 +192,16 @@ class Trace(OrderedDict):
         return self
 
 
+def _same_given_indices(first: Message, msg: Message) -> bool:
+    """Whether two builds of a plate were both given the same indices (``subsample=``)."""
+    if not (first.extra.get("indices_given") and msg.extra.get("indices_given")):
+        return False
+    a, b = first.value, msg.value
+    if not (readable(a) and readable(b)):
+        return True  # (compiled runs: the eager run checked them)
+    return a.shape == b.shape and bool(torch.equal(a, b.to(a.device)))
+
+
 class trace(_Handler):
     """Record every site of a run in a :class:`Trace`.
 
@@ -228,11 +238,16 @@ class trace(_Handler):
         return self.trace
 
     def postprocess_message(self, msg: Message) -> None:
-        if msg.extra.get("indices_given"):
-            return  # a plate's given indices: data, not a draw to replay
+        # (a plate's given indices are recorded too, flagged ``extra["indices_given"]``, so
+        # a replay gives the model the guide's rows, as in Pyro)
         if msg.name in self.trace:
             first = self.trace[msg.name]
-            if msg.type == "plate" and first.type == "plate" and msg.value is not first.value:
+            if (
+                msg.type == "plate"
+                and first.type == "plate"
+                and msg.value is not first.value
+                and not _same_given_indices(first, msg)
+            ):
                 size, subsample_size = msg.args
                 if subsample_size < size:  # another draw: other rows than the trace's
                     raise ValueError(

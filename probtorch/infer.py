@@ -4,7 +4,10 @@ Pyro code reads ``pyro.infer.SVI``, ``from pyro.infer import MCMC, NUTS, Trace_E
 Predictive`` and ``pyro.infer.autoguide.AutoNormal``; with ``pt`` for ``pyro`` each works
 here. ``probtorch.infer.autoguide`` and ``probtorch.infer.mcmc`` are the modules
 ``probtorch.inference.autoguide`` and ``probtorch.inference.mcmc`` themselves (so
-``from probtorch.infer.autoguide import AutoNormal`` works too).
+``from probtorch.infer.autoguide import AutoNormal`` works too, and so does
+``from probtorch.infer.autoguide import init_to_median``). ``probtorch.infer.reparam`` is
+:mod:`probtorch.reparam` (Pyro's ``pyro.infer.reparam``), and ``probtorch.infer.ELBO`` the
+ELBOs' base class.
 
 Example::
 
@@ -18,13 +21,19 @@ Example::
 import sys
 
 from . import inference as _inference
+from . import reparam
 from .inference import *  # noqa: F403
-from .inference import __all__, autoguide, mcmc  # noqa: F401
+from .inference import __all__ as _inference_all
+from .inference import autoguide, mcmc
+from .inference.elbo import ELBO  # noqa: F401 (Pyro's pyro.infer.ELBO)
+
+__all__ = [*_inference_all, *(["ELBO"] if "ELBO" not in _inference_all else [])]
 
 # the submodules under this name too, for ``import probtorch.infer.autoguide`` and
 # ``from probtorch.infer.autoguide import ...``
 sys.modules[f"{__name__}.autoguide"] = autoguide
 sys.modules[f"{__name__}.mcmc"] = mcmc
+sys.modules[f"{__name__}.reparam"] = reparam
 
 
 def __getattr__(name: str):

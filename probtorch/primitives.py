@@ -259,9 +259,11 @@ def _subsample_site(
 ) -> torch.Tensor:
     """The indices a plate uses; a ``"plate"`` site, so replay/substitute can fix them.
 
-    With ``given`` (the caller's indices) the site holds them already, as Pyro's does;
-    traces do not record it (its indices are data, not a draw), but a replay or
-    substitute that gives other indices is refused (:func:`_check_given_indices`)."""
+    With ``given`` (the caller's indices) the site holds them already, as Pyro's does,
+    flagged ``extra["indices_given"]``; traces record it, so a model that replays a
+    guide's trace takes the guide's given rows (as in Pyro), but a replay or substitute
+    that gives a plate other indices than its own given ones is refused
+    (:func:`_check_given_indices`)."""
     msg = Message(
         "plate", name, args=(size, subsample_size), value=given, default=_subsample_default
     )
@@ -437,6 +439,9 @@ class plate(Messenger):
                     f"different sizes?"
                 )
             self.subsample_size = int(indices.shape[0])
+        if subsample is None and indices.shape[0] == size and readable(indices):
+            # a handler gave all rows, permuted (the guide's given indices, replayed)
+            self._given = not _every_row_in_order(indices, size)
         self.indices: torch.Tensor = indices
 
     def __iter__(self):

@@ -896,6 +896,20 @@ import probtorch.inference as m
 assert AutoNormal is m.autoguide.AutoNormal and probtorch.infer.autoguide is m.autoguide
 assert probtorch.infer.SVI is m.SVI and probtorch.infer.mcmc is m.mcmc
 """,
+    # Pyro's pyro.infer.autoguide.init_to_*, pyro.infer.reparam and pyro.infer.ELBO
+    "init_reparam_elbo": """
+from probtorch.infer.autoguide import init_to_median, init_to_value
+import probtorch.infer.reparam
+from probtorch.infer.reparam import LocScaleReparam
+import probtorch as pt
+import probtorch.inference as m
+import probtorch.reparam
+from probtorch.inference.elbo import ELBO
+assert init_to_median is m.init_to_median and init_to_value is m.init_to_value
+assert probtorch.infer.reparam is probtorch.reparam and pt.infer.reparam is probtorch.reparam
+assert LocScaleReparam is probtorch.reparam.LocScaleReparam
+assert pt.infer.ELBO is ELBO and issubclass(pt.infer.Trace_ELBO, pt.infer.ELBO)
+""",
 }
 
 

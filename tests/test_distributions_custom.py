@@ -969,6 +969,47 @@ def test_hurdle_poisson_log_prob_float32_small_and_large_rates(gate):
     torch.testing.assert_close(by_logits, log_prob)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_hurdle_poisson_gradient_and_limits_at_tiny_and_zero_rates(dtype):
+    """``d/dr log P(k) = (k - 1)/r - 1 - d/dr log((1 - e^-r)/r)`` against mpmath at rates
+    1e-20..1e2: within a few eps of the sum of its terms' sizes. Before, the autograd
+    gradient of ``log(-expm1(-r)/r)`` cancelled (k = 1: -1.0 instead of -0.5 at 1e-8 in
+    float32, the wrong sign at 1e-16 in float64), rate 0 gave NaN (the limits are
+    ``log(1 - gate)`` at k = 1 and -inf for k >= 2), and value 0 at a subnormal rate a NaN
+    gradient."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    eps, gate = torch.finfo(dtype).eps, 0.3
+    rates = torch.logspace(-20, 2, 45, dtype=torch.float64).to(dtype)
+    for k in (1, 2, 3, 10):
+        r = rates.clone().requires_grad_(True)
+        log_prob = dist.HurdlePoisson(r, gate=torch.tensor(gate, dtype=dtype)).log_prob(
+            torch.tensor(float(k), dtype=dtype)
+        )
+        (grad,) = torch.autograd.grad(log_prob.sum(), r)
+        for i, rate in enumerate(rates.tolist()):
+            x = mpmath.mpf(rate)  # the rate as rounded to dtype
+            h = mpmath.log(-mpmath.expm1(-x) / x)
+            dh = 1 / mpmath.expm1(x) - 1 / x
+            value = mpmath.log(1 - mpmath.mpf(float(torch.tensor(gate, dtype=dtype))))
+            value += (k - 1) * mpmath.log(x) - mpmath.loggamma(k + 1) - x - h
+            terms = abs((k - 1) * mpmath.log(x)) + mpmath.loggamma(k + 1) + x + abs(h) + 1
+            assert abs(float(log_prob.detach()[i]) - value) <= 4 * eps * terms, (k, rate)
+            exact = (k - 1) / x - 1 - dh
+            size = (k - 1) / x + 1 + abs(dh)
+            assert abs(float(grad[i]) - exact) <= 4 * eps * size, (k, rate, float(grad[i]))
+    # rate 0: the limits, finite gradients; value 0 at subnormal rates: finite gradients
+    tiny = torch.finfo(dtype).tiny * eps
+    r = torch.tensor([0.0, tiny, 1e-3], dtype=dtype, requires_grad=True)
+    d = dist.HurdlePoisson(r, gate=torch.tensor(gate, dtype=dtype), validate_args=False)
+    at_one = d.log_prob(torch.tensor(1.0, dtype=dtype))
+    assert float(at_one[0]) == pytest.approx(math.log(1 - gate), rel=4 * eps)
+    assert float(d.log_prob(torch.tensor(2.0, dtype=dtype))[0]) == -math.inf
+    (grad,) = torch.autograd.grad(at_one.sum() + d.log_prob(torch.zeros((), dtype=dtype)).sum(), r)
+    assert bool(torch.isfinite(grad).all()), grad
+    assert float(grad[0]) == pytest.approx(-0.5, rel=4 * eps)
+
+
 def test_biject_to_independent_uses_probtorch_transforms(float64):
     """``biject_to(independent(c, n))`` wraps probtorch's transform for ``c`` (before: torch's
     registry, which has none for zero_sum/lower_cholesky/positive_definite and gives its

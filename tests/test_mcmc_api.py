@@ -542,7 +542,7 @@ def test_sampling_problems_are_reported_after_the_run():
     y = _vector_data()
     fixed = {"num_warmup": 0, "num_samples": 20, "adapt_step_size": False}
     with pytest.warns(UserWarning, match=r"\d+ of 40 transitions after warmup diverged.*"
-                      r"raise target_accept_prob above 0.8") as caught:  # fmt: skip
+                      r"no warmup adapted the step size") as caught:  # fmt: skip
         _mcmc(step_size=30.0, **fixed).run(y)
     assert {w.filename for w in caught} == {__file__}  # the user's line, not probtorch's
     with pytest.warns(UserWarning, match=r"\d+ of 40 transitions reached max_tree_depth=2"):
@@ -1714,3 +1714,176 @@ def test_integer_options_take_numpy_integers_and_extra_fields_one_name():
     mcmc = _mcmc(vector_model, num_warmup=5, num_samples=5)
     mcmc.run(_vector_data(), extra_fields="accept_prob")  # its letters were names before
     assert mcmc.get_extra_fields()["accept_prob"].shape == (10,)
+
+
+# -- trainable tensors, shared kernels, factors, reruns ---------------------------------------
+@pytest.mark.parametrize("kernel, options", [(NUTS, {}), (HMC, {"num_steps": 4})])
+def test_eager_samplers_hold_the_models_trainable_tensors_constant(kernel, options):
+    """A ``pt.param`` and an ``nn.Linear`` in a closure require grad: the eager samplers
+    take them as constants (before, autograd chained every leapfrog step into one graph
+    that grew with the run, and the draws, statistics and states required grad)."""
+    net = torch.nn.Linear(3, 1)
+    x, y = torch.randn(6, 3), torch.randn(6)
+
+    def model(x, y):
+        s = pt.param("s", torch.tensor(2.0), constraint=dist.constraints.positive)
+        b = pt.sample("b", dist.Normal(0.0, s))
+        pt.deterministic("bs", b * s)
+        with pt.plate("n", 6):
+            pt.sample("y", dist.Normal(net(x).squeeze(-1) * b, 1.0), obs=y)
+
+    mcmc = MCMC(kernel(model, compile=False, **options), num_warmup=10, num_samples=10,
+                num_chains=2, progress_bar=False, seed=0)  # fmt: skip
+    mcmc.run(x, y, extra_fields=("potential_energy", "energy", "step_size"))
+    outputs = {**mcmc.get_samples(), **mcmc.get_extra_fields()}
+    outputs.update({f"last_state.{k}": v for k, v in mcmc.last_state._asdict().items()})
+    outputs.update({f"post_warmup_state.{k}": v
+                    for k, v in mcmc.post_warmup_state._asdict().items()})  # fmt: skip
+    carrying = [k for k, v in outputs.items() if v.requires_grad or v.grad_fn is not None]
+    assert carrying == []
+    mcmc.get_samples()["bs"].numpy()  # no detach needed
+    assert mcmc.to_inference_data().log_likelihood["y"].shape == (2, 10, 6)
+
+
+def test_each_mcmc_exports_its_own_run_with_a_shared_kernel():
+    """Two MCMCs on one kernel: the first's export keeps its own data and log likelihood
+    after the second ran (before, both read the kernel's latest potential)."""
+    y1, y2 = _data(6, seed=1), _data(9, seed=2) - 3.0
+    kernel = NUTS(known_noise_model, compile=False)
+    first = MCMC(kernel, num_warmup=30, num_samples=20, num_chains=2, progress_bar=False, seed=0)
+    first.run(y1)
+    before = first.to_inference_data()
+    second = MCMC(kernel, num_warmup=30, num_samples=20, num_chains=2, progress_bar=False, seed=0)
+    second.run(y2)
+    after = first.to_inference_data()
+    np.testing.assert_array_equal(after.observed_data["y"].values, y1.numpy())
+    ll_before, ll_after = before.log_likelihood["y"].values, after.log_likelihood["y"].values
+    np.testing.assert_array_equal(ll_after, ll_before)
+    assert second.to_inference_data().observed_data["y"].shape == (9,)
+
+
+def test_factor_sites_are_in_the_log_likelihood_as_in_numpyro():
+    """A likelihood written ``pt.factor("ll", logp)`` in a plate counts pointwise in the
+    exported log likelihood (NumPyro's factor is an observed site), so ``az.loo`` runs; it
+    observes nothing, so it stays out of observed_data."""
+    y = _data(6)
+
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 2.0))
+        with pt.plate("n", 6):
+            pt.factor("ll", dist.Normal(mu, NOISE).log_prob(y))
+
+    mcmc = MCMC(NUTS(model, compile=False), num_warmup=30, num_samples=20, num_chains=2,
+                progress_bar=False, seed=0)  # fmt: skip
+    mcmc.run(y)
+    idata = mcmc.to_inference_data()
+    assert "observed_data" not in idata.groups()
+    ll = idata.log_likelihood["ll"]
+    assert ll.dims == ("chain", "draw", "n")
+    mu = mcmc.get_samples(group_by_chain=True)["mu"]
+    np.testing.assert_allclose(ll.values, dist.Normal(mu[..., None], NOISE).log_prob(y).numpy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert np.isfinite(az.loo(idata).elpd_loo)
+    # a potential_fn's own factor site is the whole density, no likelihood
+    kernel = NUTS(potential_fn=lambda v: 0.5 * (v["x"] ** 2).sum(), compile=False)
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False, seed=0)
+    mcmc.run(init_params={"x": torch.zeros(2)})
+    assert "log_likelihood" not in mcmc.to_inference_data().groups()
+
+
+def test_a_kept_state_of_other_num_chains_warms_up_anew(monkeypatch):
+    """``num_chains`` changed after a run: the state the run kept has the old count, so the
+    next run warms up anew with a warning (before, an error about interrupted sequential
+    chains); a state the user set still has to fit."""
+    y = _vector_data()
+    mcmc = _mcmc(num_warmup=20, num_samples=10)
+    mcmc.run(y)
+    mcmc.num_chains = 3
+    calls = _segments(monkeypatch, mcmc.kernel)
+    with pytest.warns(UserWarning, match=r"num_chains=3, but the post_warmup_state kept from "
+                      r"the previous run has 2 chains: warming up anew"):  # fmt: skip
+        mcmc.run(y)
+    assert calls[-1] == (10, False) and len(calls) > 1  # warmup segments, then sampling
+    assert mcmc.get_samples(group_by_chain=True)["loc"].shape == (3, 10, 3)
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.num_chains = 2
+    with pytest.raises(ValueError, match="post_warmup_state has 3 chains but this MCMC runs "
+                       "num_chains=2"):  # fmt: skip
+        mcmc.run(y)
+
+
+def test_a_continued_run_says_where_warmup_settings_changed_since_the_adaptation():
+    """A rerun with the same arguments continues the adapted state without warmup; where
+    ``num_warmup`` or a kernel's adaptation option changed since, it says so (before, the
+    new settings were silently unused); a state the user set continues silently."""
+    y = _vector_data()
+    mcmc = _mcmc(num_warmup=20, num_samples=10)
+    mcmc.run(y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mcmc.run(y)  # nothing changed
+    mcmc.num_warmup = 200
+    mcmc.kernel.target_accept_prob = 0.95
+    with pytest.warns(UserWarning, match=r"num_warmup=200, target_accept_prob=0.95 changed "
+                      r"since post_warmup_state was adapted.*continues from it without warmup"
+                      r".*mcmc.post_warmup_state = None"):  # fmt: skip
+        mcmc.run(y)
+    mcmc.post_warmup_state = mcmc.post_warmup_state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mcmc.run(y)
+
+
+@pytest.mark.parametrize("prob", [-0.2, 0.0, 1.0, 1.5, float("nan")])
+def test_print_summary_refuses_a_prob_outside_0_1(vector_run, prob):
+    mcmc, _ = vector_run
+    with pytest.raises(ValueError, match=r"prob .*must lie in \(0, 1\), got"):
+        mcmc.print_summary(prob=prob)
+
+
+def test_numpyro_extra_field_names():
+    """NumPyro's ``adapt_state.step_size`` is the step size each draw used, under its name;
+    its ``mean_accept_prob`` (a running mean) is not recorded, and the refusal says so."""
+    mcmc = _mcmc(num_warmup=20, num_samples=10)
+    mcmc.run(_vector_data(), extra_fields=("adapt_state.step_size", "step_size"))
+    fields = mcmc.get_extra_fields()
+    assert set(fields) == {"diverging", "adapt_state.step_size", "step_size"}
+    assert torch.equal(fields["adapt_state.step_size"], fields["step_size"])
+    with pytest.raises(ValueError, match=r"unknown extra_fields \['mean_accept_prob'\].*"
+                       r"accept_prob.*running mean"):  # fmt: skip
+        mcmc.run(_vector_data(), extra_fields=("mean_accept_prob",))
+
+
+def test_divergences_without_warmup_advise_a_warmup_or_a_smaller_step_size():
+    fixed = {"num_warmup": 0, "num_samples": 10, "step_size": 30.0}
+    with pytest.warns(UserWarning, match=r"diverged.*no warmup adapted the step size: the "
+                      r"chains ran at step_size=30; warm up \(num_warmup > 0\) or pass a "
+                      r"smaller step_size"):  # fmt: skip
+        _mcmc(**fixed).run(_vector_data())
+
+
+def test_a_numpyro_rng_key_as_the_first_argument_of_run_is_explained():
+    mcmc = _mcmc(normal_model, num_warmup=5, num_samples=5)
+    with pytest.raises(TypeError, match=r"takes 1 positional argument but 2 were given \(the "
+                       r"first argument, 0, looks like NumPyro's rng key.*MCMC\(\.\.\., "
+                       r"seed=\.\.\.\)"):  # fmt: skip
+        mcmc.run(0, _data())
+    with pytest.raises(TypeError, match="positional argument") as caught:
+        mcmc.run(_data(), _data())  # no key: the model's own error
+    assert "rng key" not in str(caught.value)
+
+
+def test_init_params_where_an_observation_leaves_its_support_are_named():
+    """The support of ``y`` depends on ``mu``: at ``mu = 5`` the data lie outside it, and
+    the error says that init_params put it there."""
+
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        with pt.plate("n", 2):
+            pt.sample("y", dist.Uniform(mu - 1.0, mu + 1.0), obs=y)
+
+    mcmc = _mcmc(model, num_warmup=5, num_samples=5)
+    with pytest.raises(ValueError, match=r"at init_params \(chain 0\): .*site 'y'.*outside "
+                       r"the support"):  # fmt: skip
+        mcmc.run(torch.tensor([0.0, 0.5]), init_params={"mu": torch.tensor(5.0)})

@@ -525,6 +525,23 @@ def test_subsampled_plate_is_rejected_by_name():
         Potential(model, (torch.zeros(5),), compile=False)
 
 
+def test_a_given_partial_subsample_is_rejected_by_name():
+    """A plate given some of its rows (``subsample=idx``) would scale the potential by
+    size / len(idx): a posterior of other data (before: sampled silently). All rows, in
+    order or permuted, are accepted."""
+
+    def model(y, idx):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        with pt.plate("data", len(y), subsample=idx) as rows:
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y[rows])
+
+    y = torch.arange(5.0)
+    with pytest.raises(ValueError, match=r"plate 'data' is given 2 of its 5 rows.*MCMC needs all"):
+        Potential(model, (y, torch.tensor([3, 1])), compile=False)
+    for idx in (torch.arange(5), torch.tensor([4, 0, 3, 1, 2])):
+        assert Potential(model, (y, idx), compile=False).sites[0].name == "mu"
+
+
 def test_model_without_latents_is_rejected():
     def model():
         pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.tensor(0.0))
@@ -612,3 +629,24 @@ def test_compiling_keeps_torch_validation_default():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_value_and_grad_hold_the_models_trainable_tensors_constant(float64):
+    """The gradient is the potential's in z alone: a ``pt.param`` or a module's weights
+    (which require grad) leave no autograd graph on the value, gradient or constrained
+    values (eager and batched, as the samplers call them)."""
+    net = torch.nn.Linear(2, 1).double()
+
+    def model():
+        s = pt.param("s", torch.tensor(2.0), constraint=dist.constraints.positive)
+        b = pt.sample("b", dist.Normal(0.0, 1.0))
+        pt.deterministic("bs", b * s)
+        pt.sample("y", dist.Normal(net(torch.ones(2)).squeeze(-1) * b, s), obs=torch.tensor(0.5))
+
+    potential = Potential(model, compile=False)
+    z = torch.tensor([[0.3], [-1.0]])
+    outputs = [*potential.value_and_grad(z), *potential.eager_value_and_grad(z),
+               *potential.raw_value_and_grad(z), *potential.constrain(z).values()]  # fmt: skip
+    assert [o for o in outputs if o.requires_grad or o.grad_fn is not None] == []
+    s, w = 2.0, float(net(torch.ones(2)).squeeze().detach())
+    torch.testing.assert_close(potential.value_and_grad(z)[1], z + (w * z - 0.5) * w / s**2)

@@ -491,3 +491,33 @@ def test_a_guides_draws_take_the_rows_of_the_calls_subsample(guide_kind, paralle
     out = predictive(y, idx=torch.arange(8).flip(0), seed=4)  # all rows, in another order
     _assert_rows_met(out, 8)
     assert (out["rows"] == torch.arange(7.0, -1.0, -1.0)).all()
+
+
+def test_log_likelihood_counts_factor_sites_as_numpyro_does():
+    """``pt.factor("ll", logp)`` in a plate is a likelihood: pointwise in log_likelihood
+    (NumPyro's factor is an observed site), with the discrete sites summed out too."""
+    from probtorch.inference import log_likelihood
+
+    y = torch.tensor([0.3, -1.2, 2.0])
+
+    def factored(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 5.0))
+        with pt.plate("n", 3):
+            pt.factor("ll", dist.Normal(mu, NOISE).log_prob(y))
+
+    mu = torch.tensor([0.5, -1.0])
+    ll = log_likelihood(factored, {"mu": mu}, y)
+    assert set(ll) == {"ll"}
+    torch.testing.assert_close(ll["ll"], dist.Normal(mu[:, None], NOISE).log_prob(y))
+
+    def mixture(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 5.0))
+        z = pt.sample("z", dist.Bernoulli(0.3))
+        with pt.plate("n", 3):
+            pt.factor("ll", dist.Normal(mu + z, 1.0).log_prob(y))
+
+    loc = mu[:, None]
+    terms = torch.stack([math.log(0.7) + dist.Normal(loc, 1.0).log_prob(y),
+                         math.log(0.3) + dist.Normal(loc + 1, 1.0).log_prob(y)])  # fmt: skip
+    ll = log_likelihood(mixture, {"mu": mu}, y)["ll"]
+    torch.testing.assert_close(ll, torch.logsumexp(terms, 0))

@@ -859,3 +859,51 @@ def test_a_loop_over_a_subsampled_plates_rows_fits_with_eager_steps():
     per_row = functools.partial(_offset_rows_map, per_row_params=True)
     with pytest.raises(ValueError, match=r"param 'loc_\d'.*subsampled plate 'data'.*index it"):
         svi(per_row).run(5, True, progress_bar=False)
+
+
+def test_a_model_that_draws_its_own_subsample_takes_the_guides_given_rows():
+    """The guide's ``plate(..., subsample=idx)`` is recorded (flagged
+    ``extra["indices_given"]``) and replayed into the model, whose plate draws its own
+    subsample otherwise, as in Pyro (before: the model drew other rows, silently)."""
+    from probtorch.inference import Predictive
+
+    y, idx = torch.arange(8.0), torch.tensor([5, 2, 7])
+    seen = {}
+
+    def model(y, idx):
+        with pt.plate("data", 8, subsample_size=3) as rows:
+            seen["model"] = rows.tolist()
+            z = pt.sample("z", dist.Normal(0.0, 10.0))
+            pt.sample("y", dist.Normal(z, 0.1), obs=y[rows])
+
+    def given_model(y, idx):  # the same model, given the guide's indices
+        with pt.plate("data", 8, subsample=idx) as rows:
+            z = pt.sample("z", dist.Normal(0.0, 10.0))
+            pt.sample("y", dist.Normal(z, 0.1), obs=y[rows])
+
+    def guide(y, idx):
+        loc = pt.param("loc", torch.zeros(8))
+        pt.plate("data", 8, subsample=idx.clone())  # built twice with the same indices
+        with pt.plate("data", 8, subsample=idx) as rows:
+            pt.sample("z", dist.Normal(loc[rows], 0.05))
+
+    pt.get_param_store().clear()
+    guide_trace = pt.handlers.trace(pt.handlers.seed(guide, rng_seed=0)).get_trace(y, idx)
+    assert guide_trace["data"].extra["indices_given"]
+    model_trace = pt.handlers.trace(pt.handlers.replay(model, trace=guide_trace)).get_trace(y, idx)
+    assert model_trace["data"].value.tolist() == [5, 2, 7] == seen["model"]
+    for seed in range(3):
+        with pt.handlers.seed(rng_seed=seed):
+            loss = Trace_ELBO().loss(model, guide, y, idx)
+        assert seen["model"] == [5, 2, 7]
+        with pt.handlers.seed(rng_seed=seed):
+            assert loss == Trace_ELBO().loss(given_model, guide, y, idx)
+    svi = SVI(model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO())
+    svi.step(y, idx)
+    assert seen["model"] == [5, 2, 7]
+    out = Predictive(model, guide=guide, num_samples=2, return_sites=["y"])(y, idx, seed=0)
+    assert out["y"].shape == (2, 3) and seen["model"] == [5, 2, 7]
+    # other indices given to the model than to the guide are refused, as a guide's own draw
+    with pytest.raises(ValueError, match=r"plate 'data': the model gives it subsample"):
+        with pt.handlers.seed(rng_seed=0):
+            Trace_ELBO().loss(lambda y, idx: given_model(y, idx.flip(0)), guide, y, idx)

@@ -7,6 +7,8 @@ every zero comes from the gate.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from pyro.distributions import NegativeBinomial, Poisson
@@ -18,6 +20,40 @@ from ._tails import dtype_device, log1mexp
 __all__ = ["HurdleDistribution", "HurdlePoisson", "HurdleNegativeBinomial"]
 
 _MAX_REJECTION_ROUNDS = 10_000
+
+
+# log((1 - e^-r) / r) = -r/2 + sum_n B_2n r^2n / (2n (2n)!), Bernoulli numbers B_2n
+# (radius 2 pi): the coefficients of r^2 .. r^14
+_LOG_H_SERIES = (
+    1.0 / 24,
+    -1.0 / 2880,
+    1.0 / 181440,
+    -1.0 / 9676800,
+    2.08767569878681e-09,
+    -4.403491782239578e-11,
+    9.55895466477477e-13,
+)
+# Below it the series (its first left-out term, r^16 / 4.7e13, is below eps of its value
+# and derivative there); above it the closed form, whose value and autograd derivative
+# lose about eps / r to cancellation (so not at the smallest rates).
+_LOG_H_SWITCH = {torch.float64: 0.5, torch.float32: 1.0}
+
+
+def _log_h(rate: torch.Tensor) -> torch.Tensor:
+    """``log((1 - e^-r) / r)``, 0 at ``r = 0``, accurate (value and gradient) to a few
+    eps at every rate: the closed form's autograd gradient cancels at small rates
+    (-1.0 instead of -0.5 at 1e-8 in float32, the wrong sign at 1e-16 in float64)."""
+    switch = _LOG_H_SWITCH.get(rate.dtype, 1.0)
+    small = rate < switch
+    r = torch.where(small, rate, torch.zeros_like(rate))  # each branch on a finite input
+    r2 = r * r
+    poly = torch.zeros_like(r)
+    for coef in reversed(_LOG_H_SERIES):
+        poly = (poly + coef) * r2
+    series = poly - 0.5 * r
+    big = torch.where(small, torch.full_like(rate, switch), rate)
+    closed = torch.log(-torch.expm1(-big) / big)
+    return torch.where(small, series, closed)
 
 
 def _zero_truncated_poisson(rate: torch.Tensor) -> torch.Tensor:
@@ -194,14 +230,19 @@ class HurdlePoisson(HurdleDistribution):
     def _log_prob_positive(self, value):
         """``k log r - log k! - r - log(1 - e^-r)`` as ``(k - 1) log r - log k! - r -
         log((1 - e^-r) / r)``: the ``log r`` that both terms hold at a small rate cancels
-        before rounding (in float32 the other form lost ``eps * |log r|`` to it)."""
+        before rounding (in float32 the other form lost ``eps * |log r|`` to it).
+        ``log((1 - e^-r) / r)`` takes its series at small rates (:func:`_log_h`); at rate 0
+        the limits ``log(1 - gate)`` (k = 1) and ``-inf`` (k >= 2); each branch is computed
+        on inputs where it is finite, so the gradients are finite (at value 0 too, where
+        ``log_prob`` leaves this branch out)."""
         rate = self.rate
-        return (
-            torch.xlogy(value - 1, rate)
-            - torch.lgamma(value + 1)
-            - rate
-            - torch.log(-torch.expm1(-rate) / rate)
-        )
+        k = value.clamp(min=1)  # (value 0 takes the gate: k = 1 keeps this branch finite)
+        positive = rate > 0
+        safe_rate = torch.where(positive, rate, torch.ones_like(rate))
+        power = torch.xlogy(k - 1, safe_rate)  # (its gradient (k - 1) / r: 0 at k = 1)
+        at_zero = torch.where(k == 1, torch.zeros_like(power), torch.full_like(power, -math.inf))
+        power = torch.where(positive, power, at_zero)
+        return power - torch.lgamma(k + 1) - rate - _log_h(rate)
 
     def _sample_positive(self, shape):
         return _zero_truncated_poisson(self.rate.expand(shape))

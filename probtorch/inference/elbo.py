@@ -75,9 +75,10 @@ class _Record(Messenger):
         self.trace = Trace()
 
     def postprocess_message(self, msg: Message) -> None:
+        # (a plate's given indices too, flagged ``extra["indices_given"]``, as trace
+        # records them: the model replays the guide's rows)
         if msg.type in ("sample", "plate") and msg.name not in self.trace:
-            if not msg.extra.get("indices_given"):  # (data, as trace leaves them out)
-                self.trace[msg.name] = msg
+            self.trace[msg.name] = msg
 
 
 def _is_delta(fn) -> bool:

@@ -23,6 +23,7 @@ import torch
 from torch.distributions import constraints
 
 from .._caller import warn_at_caller
+from .._errors import with_message
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
 from ..runtime import Message, Messenger
 from ..validation import (
@@ -263,6 +264,28 @@ def _loop_over_chains(fn: Callable) -> Callable:
     return looped
 
 
+def _outside_autograd(fn: Callable) -> Callable:
+    """``fn`` run with torch's autograd off (``torch.func.grad`` inside still takes its
+    gradient): the model's tensors that require grad (a ``pt.param``, a module's weights)
+    are constants to the sampler, and the outputs carry no graph, which would otherwise
+    grow with every leapfrog step.
+
+    >>> w = torch.ones(2, requires_grad=True)
+    >>> grad, value = _outside_autograd(torch.func.grad_and_value(lambda z: (w * z).sum()))(
+    ...     torch.ones(2))
+    >>> grad, value.requires_grad
+    (tensor([1., 1.]), False)
+    """
+
+    def outside(*args):
+        if not torch.is_grad_enabled():
+            return fn(*args)
+        with torch.no_grad():
+            return fn(*args)
+
+    return outside
+
+
 def _seeds(rng_seed: int, count: int) -> list[int]:
     """``rng_seed`` followed by ``count - 1`` seeds derived from it."""
     generator = torch.Generator().manual_seed(rng_seed)
@@ -439,10 +462,13 @@ class Potential:
         """The batched functions, from the single-chain ones by ``batch`` (``vmap``, or
         :func:`_loop_over_chains`)."""
         self._batched_value = batch(self._single_potential)
-        self._batched_value_and_grad = batch(torch.func.grad_and_value(self._single_potential))
+        self._batched_value_and_grad = _outside_autograd(
+            batch(torch.func.grad_and_value(self._single_potential))
+        )
         self._value = compile_fn(self._batched_value, self.compiled)
         self._value_and_grad = compile_fn(self._batched_value_and_grad, self.compiled)
-        self._constrain = batch(self._single_constrain)  # output only, not in a hot loop
+        # output only, not in a hot loop
+        self._constrain = _outside_autograd(batch(self._single_constrain))
         self._batch = batch
 
     def _loop_chains(self, error: RuntimeError, why: str, z: torch.Tensor) -> None:
@@ -536,6 +562,13 @@ class Potential:
         sites, offset = [], 0
         for name, site in tr.items():
             if site.type == "plate" and site.args[1] < site.args[0]:
+                if site.extra.get("indices_given"):
+                    raise ValueError(
+                        f"plate {name!r} is given {site.args[1]} of its {site.args[0]} rows "
+                        f"(subsample=...); MCMC needs all rows of the data (its potential "
+                        f"would be scaled by size/subsample_size, a posterior of other "
+                        f"data): pass all rows, or no subsample"
+                    )
                 raise ValueError(
                     f"plate {name!r} subsamples {site.args[1]} of {site.args[0]} elements; "
                     f"a potential for MCMC needs the full data (remove subsample_size)"
@@ -775,8 +808,9 @@ class Potential:
         """Pointwise log likelihood of each observed site, for a batch of latent values.
 
         ``values`` are constrained draws per latent site with one leading batch dimension;
-        returns ``{site: (N, *site_batch_shape)}`` (masked, not scaled; factors excluded;
-        ``N = 1`` for a model without continuous latent sites).
+        returns ``{site: (N, *site_batch_shape)}`` (masked, not scaled; ``N = 1`` for a
+        model without continuous latent sites). ``pt.factor`` sites count, as in NumPyro
+        (a likelihood written ``pt.factor("ll", logp)`` in a plate is pointwise).
         """
 
         def single(latent):
@@ -786,7 +820,7 @@ class Potential:
                 tr = trace(substitute(self.model, data=latent)).get_trace(
                     *self._args, **self._kwargs
                 )
-            return tr.log_likelihood()
+            return tr.log_likelihood(factors=True)
 
         latent = {name: values[name] for name in self.site_names}
         from ..validation import enable_validation, is_validation_enabled
@@ -818,11 +852,7 @@ class Potential:
         tracer = trace()
         with factors, tracer, enumerate_:
             substitute(self.model, data=latent)(*self._args, **self._kwargs)
-        observed = [
-            name
-            for name, site in tracer.trace.sample_sites(observed=True).items()
-            if not site.infer.get("is_auxiliary", False)
-        ]
+        observed = list(tracer.trace.sample_sites(observed=True))  # factors included
         return pointwise_log_likelihood(factors.factors, observed, self.plate_nesting)
 
     def sample_discrete(
@@ -1105,10 +1135,17 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
                 )
             return value
 
-        tr = _run_traced(
-            potential.model, potential.model_args, potential.model_kwargs, 0,
-            substitute_fn=checked,
-        )  # fmt: skip
+        try:
+            tr = _run_traced(
+                potential.model, potential.model_args, potential.model_kwargs, 0,
+                substitute_fn=checked,
+            )  # fmt: skip
+        except _REJECTED_POINT as error:  # a support or constraint that depends on them
+            raise with_message(
+                error,
+                f"at init_params (chain {chain}): {error}; choose init_params where the "
+                f"model's observations and parameters are valid",
+            ) from error
         rows.append(_pack_trace(potential, tr))
     return torch.stack(rows).detach()
 

@@ -21,6 +21,15 @@ Example::
     True
 """
 
+# the init strategies here too, as Pyro's pyro.infer.autoguide exports them
+from ..init_strategies import (
+    init_to_feasible,
+    init_to_mean,
+    init_to_median,
+    init_to_sample,
+    init_to_uniform,
+    init_to_value,
+)
 from .base import AutoGuide, LatentSite
 from .continuous import (
     AutoContinuous,
@@ -45,4 +54,10 @@ __all__ = [
     "AutoLaplaceApproximation",
     "AutoIAFNormal",
     "AutoGuideList",
+    "init_to_feasible",
+    "init_to_mean",
+    "init_to_median",
+    "init_to_sample",
+    "init_to_uniform",
+    "init_to_value",
 ]

@@ -90,8 +90,13 @@ def ess_and_rhat(value: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
     """A table of mean, sd, central ``prob`` interval, median, bulk ESS and R-hat per scalar.
 
-    ``samples`` map site names to draws of shape ``(chains, draws, ...)``.
+    ``samples`` map site names to draws of shape ``(chains, draws, ...)``; ``prob`` lies
+    in (0, 1).
     """
+    if not 0 < prob < 1:
+        raise ValueError(
+            f"prob is the mass of the central interval and must lie in (0, 1), got {prob!r}"
+        )
     low_q, high_q = (1 - prob) / 2, 1 - (1 - prob) / 2
     width = max([16] + [len(n) + 2 + 4 * max(len(v.shape) - 2, 0) for n, v in samples.items()])
     header = (
@@ -171,9 +176,11 @@ def to_inference_data(
     prior: dict | None = None,
     coords: dict | None = None,
     dims: dict | None = None,
+    factors: bool = True,
 ):
     """Build ``arviz.InferenceData``: posterior, sample_stats, observed_data and
-    log_likelihood, and posterior_predictive, prior and prior_predictive where given.
+    log_likelihood (of the observed sites and, with ``factors``, as NumPyro's, of the
+    ``pt.factor`` sites), and posterior_predictive, prior and prior_predictive where given.
 
     Dims are named after the plates; observations a mask leaves out (``obs_mask``,
     ``handlers.mask``) are left out of ``log_likelihood`` and ``observed_data``, whose
@@ -206,28 +213,39 @@ def to_inference_data(
         sample_stats["lp"] = -_numpy(stats["potential_energy"])
     groups["sample_stats"] = az.dict_to_dataset(sample_stats, library=None)
 
-    observed_sites = {
+    # the observed sites and the factors (pt.factor), which count in the log likelihood
+    # (as NumPyro's) but observe nothing: they are left out of observed_data
+    likelihood_sites = {
         name: site
         for name, site in trace.sample_sites(observed=True).items()
+        if factors or not site.infer.get("is_auxiliary", False)
+    }
+    observed_sites = {
+        name: site
+        for name, site in likelihood_sites.items()
         if not site.infer.get("is_auxiliary", False)
     }
-    counted = {name: _counted(site) for name, site in observed_sites.items()}
+    counted = {name: _counted(site) for name, site in likelihood_sites.items()}
     observed, observed_dims, pointwise_dims = {}, {}, {}
-    for name, site in observed_sites.items():
+    for name, site in likelihood_sites.items():
         value, batch_ndim = site.value, site.value.dim() - num_event_dims(site.fn)
         names = site_dim_names[name]
         if counted[name] is not None:
             value = value[counted[name]]
             names = [f"{name}_counted"] + names[batch_ndim:]
             batch_ndim = 1
-        observed[name] = _numpy(value)
-        observed_dims[name], pointwise_dims[name] = names, names[:batch_ndim]
+        pointwise_dims[name] = names[:batch_ndim]
+        if name in observed_sites:
+            observed[name] = _numpy(value)
+            observed_dims[name] = names
     if observed:
         groups["observed_data"] = dataset(observed, [], observed_dims)
-    if samples and observed:
+    if samples and likelihood_sites:
         flat = {k: v.reshape((C * S,) + v.shape[2:]) for k, v in samples.items()}
         log_likelihood = {}
         for name, value in potential.log_likelihood(flat).items():
+            if name not in likelihood_sites:
+                continue
             value = value.reshape((C, S) + value.shape[1:])
             if counted[name] is not None:
                 value = value[:, :, counted[name]]

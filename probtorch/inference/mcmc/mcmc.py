@@ -8,11 +8,13 @@ ArviZ.
 from __future__ import annotations
 
 import hashlib
+import numbers
 import operator
 
 import torch
 
 from ..._caller import warn_at_caller
+from ..._errors import with_message
 from ..compile import inference_threads
 from .adaptation import warmup_windows
 from .diagnostics import ess_and_rhat, summary_table, to_inference_data
@@ -113,6 +115,8 @@ class MCMC:
         # whether post_warmup_state was left by run() (not by warmup() or the user): such a
         # state is continued only with the same arguments
         self._warm_left_by_run = False
+        self._warm_set_by_user = False  # post_warmup_state assigned, not kept by the driver
+        self._adapted_with: dict | None = None  # the settings its warmup ran with
         self._model_changed = False
         self._continued_runs = 0  # runs that continued this state (each draws its own stream)
         self.last_state: SamplerState | None = None
@@ -121,6 +125,9 @@ class MCMC:
         self._extra_fields: tuple = ("diverging",)
         self._model_args: tuple = ()
         self._model_kwargs: dict = {}
+        # the potential (model and arguments) of the last run, for its exports: the
+        # kernel's is replaced by a run of another MCMC that shares the kernel
+        self._potential = None
         self.interrupted = False
 
     @property
@@ -132,7 +139,60 @@ class MCMC:
     def post_warmup_state(self, state: SamplerState | None) -> None:
         self._post_warmup_state = state
         self._warm_left_by_run = False
+        self._warm_set_by_user = state is not None
+        self._adapted_with = None
         self._continued_runs = 0  # a state set anew continues as its first continuation
+
+    def _adaptation_settings(self) -> dict:
+        """What a warmup adapts with: ``num_warmup`` and the kernel's adaptation options."""
+        k = self.kernel
+        names = ("step_size", "adapt_step_size", "adapt_mass_matrix", "dense_mass",
+                 "mass_blocks", "inverse_mass_matrix", "target_accept_prob",
+                 "find_heuristic_step_size")  # fmt: skip
+        return {"num_warmup": self.num_warmup, **{n: getattr(k, n, None) for n in names}}
+
+    def _kept_state(self, args, kwargs) -> SamplerState | None:
+        """``post_warmup_state`` if this run continues it (see :meth:`run`), else None. A
+        state the driver kept (by :meth:`run` or :meth:`warmup`) is dropped, with a
+        warning, where ``num_chains`` changed since, and continued with a warning where
+        ``num_warmup`` or the kernel's adaptation options changed."""
+        given = self.post_warmup_state
+        if given is None:
+            return None
+        potential = self.kernel.potential
+        if self._warm_left_by_run and not _same_args(potential, args, kwargs):
+            return None  # the previous run adapted to other data: warm up anew
+        if not self._warm_set_by_user and len(given.z) != self.num_chains:
+            warn_at_caller(
+                f"num_chains={self.num_chains}, but the post_warmup_state kept from the "
+                f"previous run has {len(given.z)} chains: warming up anew"
+            )
+            return None
+        self._model_changed = _same_args(potential, args, kwargs) and _model_changed(
+            potential, given
+        )
+        if self._model_changed and self._warm_left_by_run:
+            warn_at_caller(
+                "the model's potential energy at the chains' positions differs from the last "
+                "run's with the same arguments (the model reads something else that changed, "
+                "e.g. a global tensor or number): warming up anew",
+            )
+            return None
+        if self._adapted_with is not None:
+            now = self._adaptation_settings()
+            changed = [
+                f"{n}={now[n]!r}"
+                for n, was in self._adapted_with.items()
+                if not (now[n] is was or (isinstance(was, _PLAIN) and now[n] == was))
+            ]
+            if changed:
+                warn_at_caller(
+                    f"{', '.join(changed)} changed since post_warmup_state was adapted, but "
+                    f"this run continues from it without warmup, at its adapted step size and "
+                    f"mass matrix; set mcmc.post_warmup_state = None before run() to warm up "
+                    f"anew"
+                )
+        return given
 
     # -- running ------------------------------------------------------------------------
     def run(
@@ -147,7 +207,9 @@ class MCMC:
         second ``run`` with the same arguments samples again from there without warming
         up (set it to None for a new warmup, e.g. from other ``init_params``). A run with
         other arguments (new data, or data changed in place) warms up anew, as in NumPyro
-        and Pyro. Setting ``mcmc.post_warmup_state = mcmc.last_state`` continues the
+        and Pyro, and so does one after ``num_chains`` changed (with a warning); one after
+        ``num_warmup`` or the kernel's adaptation options changed continues, with a warning
+        that they are unused. Setting ``mcmc.post_warmup_state = mcmc.last_state`` continues the
         chains where they stopped, and a state you set (or :meth:`warmup` left) is
         continued even with other arguments of the same shapes: the chains keep their
         positions, step sizes and metric, and their potential energy and gradient are
@@ -208,9 +270,18 @@ class MCMC:
             extra_fields = (extra_fields,)
         fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
         available = [n for n in STAT_NAMES if n != "tree_depth" or self._builds_trees()]
-        unknown = set(fields) - set(STAT_NAMES)
+        unknown = set(fields) - set(STAT_NAMES) - set(_FIELD_ALIASES)
         if unknown:  # refused before anything changes: the last run's results stay
-            raise ValueError(f"unknown extra_fields {sorted(unknown)}; available: {available}")
+            note = (
+                " (NumPyro's mean_accept_prob, a running mean over the phase, is not "
+                "recorded: accept_prob is each draw's)"
+                if "mean_accept_prob" in unknown
+                else ""
+            )
+            raise ValueError(
+                f"unknown extra_fields {sorted(unknown)}; available: {available} and NumPyro's "
+                f"{sorted(_FIELD_ALIASES)}{note}"
+            )
         if "tree_depth" in fields and not self._builds_trees():
             raise ValueError(
                 f"extra_fields: tree_depth is NUTS's; {type(self.kernel).__name__} builds no "
@@ -219,22 +290,8 @@ class MCMC:
         self._extra_fields = fields
         self._model_args, self._model_kwargs = args, kwargs
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31, ()).item())
-        given = self.post_warmup_state
-        potential = self.kernel.potential
-        if given is not None and self._warm_left_by_run and not _same_args(potential, args, kwargs):
-            given = None  # the previous run adapted to other data: warm up anew
-        self._model_changed = (
-            given is not None
-            and _same_args(potential, args, kwargs)
-            and _model_changed(potential, given)
-        )
-        if self._model_changed and self._warm_left_by_run:
-            warn_at_caller(
-                "the model's potential energy at the chains' positions differs from the last "
-                "run's with the same arguments (the model reads something else that changed, "
-                "e.g. a global tensor or number): warming up anew",
-            )
-            given = None
+        self._model_changed = False
+        given = self._kept_state(args, kwargs)
         continuing = given is not None
         if continuing and init_params is not None:
             raise ValueError(
@@ -251,7 +308,13 @@ class MCMC:
                 self._continued_runs += 1
             else:
                 torch.manual_seed(seed)
-            state = self._setup(args, kwargs, seed, init_params, given)
+            try:
+                state = self._setup(args, kwargs, seed, init_params, given)
+            except TypeError as error:
+                hint = _rng_key_hint(error, args)
+                if hint is None:
+                    raise
+                raise with_message(error, f"{error} ({hint})") from error
             phase = (continuing, warmup_only, collect_warmup)
             self.interrupted, self._interrupted_in = False, None
             self._problems = [0, 0, 0]  # sampling transitions, divergent, at max_tree_depth
@@ -275,9 +338,13 @@ class MCMC:
             warm = given  # the given one still holds (None when not continuing)
         if warm is not given:  # a new state: its continuations count from zero
             self._continued_runs = 0
+        if not continuing:
+            self._adapted_with = self._adaptation_settings()
+            self._warm_set_by_user = False
         self._post_warmup_state = warm
         self._warm_left_by_run = not warmup_only
         self.last_state = state
+        self._potential = self.kernel.potential
         self._collect(draws, stats)
         warmed_up = None if continuing else self.num_warmup
         problems = (
@@ -408,7 +475,7 @@ class MCMC:
         return slice(num % self.thinning + self.thinning - 1, None, self.thinning)
 
     def _collect(self, draws: torch.Tensor, stats: dict) -> None:
-        potential = self.kernel.potential
+        potential = self._potential
         C, S, D = draws.shape
         if S == 0:
             self._samples = {}
@@ -433,9 +500,11 @@ class MCMC:
 
     def get_extra_fields(self, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
         """Per-draw statistics named in ``run(extra_fields=...)``, plus ``diverging``
-        (copies, as :meth:`get_samples`'s)."""
+        (copies, as :meth:`get_samples`'s). NumPyro's ``"adapt_state.step_size"`` gives
+        ``"step_size"``, each transition's step size: after warmup the adapted one, as
+        NumPyro's (in a collected warmup NumPyro's is the one after each update)."""
         self._require_run()
-        fields = {k: self._stats[k] for k in self._extra_fields}
+        fields = {k: self._stats[_FIELD_ALIASES.get(k, k)] for k in self._extra_fields}
         if group_by_chain:
             return {k: v.clone() for k, v in fields.items()}
         return {k: v.flatten().clone() for k, v in fields.items()}
@@ -447,7 +516,7 @@ class MCMC:
         self._require_run()
         samples = self._samples
         if exclude_deterministic:
-            latent = set(self.kernel.potential.site_names)
+            latent = set(self._potential.site_names)
             samples = {k: v for k, v in samples.items() if k in latent}
         print(summary_table(samples, prob=prob))
         print(f"\nNumber of divergences: {int(self._stats['diverging'].sum())}")
@@ -513,6 +582,10 @@ class MCMC:
             coords, dims: as in ``arviz.from_dict``; ``dims`` overrides the dim names taken
                 from the plates.
 
+        ``log_likelihood`` holds the observed sites and, as NumPyro's, the ``pt.factor``
+        sites (a likelihood written ``pt.factor("ll", logp)`` in a plate is pointwise;
+        it observes nothing, so it is not in ``observed_data``).
+
         Dims are named after the enclosing plates. Observations a mask leaves out
         (``obs_mask``, ``handlers.mask``) are not in ``log_likelihood`` and
         ``observed_data``: a partly masked site has its counted entries along one dim
@@ -540,14 +613,23 @@ class MCMC:
         if not self._builds_trees():
             stats = {k: v for k, v in stats.items() if k != "tree_depth"}
         return to_inference_data(
-            self.kernel.potential,
+            self._potential,
             self._samples,
             stats,
             posterior_predictive=posterior_predictive,
             prior=prior,
             coords=coords,
             dims=dims,
+            # a potential_fn's own factor is the whole density, no likelihood
+            factors=getattr(self.kernel, "potential_fn", None) is None,
         )
+
+
+# NumPyro's names of extra fields that probtorch records under its own
+_FIELD_ALIASES = {"adapt_state.step_size": "step_size"}
+
+# settings compared by value (others, tensors and dicts of them, by identity)
+_PLAIN = (bool, int, float, str, tuple, list)
 
 
 def _model_changed(potential, state: SamplerState) -> bool:
@@ -610,7 +692,8 @@ def problems_message(
     biased), out of ``total`` sampling transitions (before thinning). Divergences after a
     short warmup (``num_warmup``, of this run) are put down to it first: Stan's schedule
     then adapts the final step size over a few iterations only, and it often ends too
-    large (NumPyro's too: 1.7-8.3 on a standard normal after 20 iterations).
+    large (NumPyro's too: 1.7-8.3 on a standard normal after 20 iterations); without
+    warmup (``num_warmup=0``) to the kernel's ``step_size``, which nothing adapted.
 
     Example::
 
@@ -625,7 +708,12 @@ def problems_message(
     found = []
     if diverged:
         short = num_warmup is not None and 0 < num_warmup < _SHORT_WARMUP
-        if short and getattr(kernel, "adapt_step_size", False):
+        if num_warmup == 0:
+            advice = (
+                f"no warmup adapted the step size: the chains ran at step_size="
+                f"{kernel.step_size:g}; warm up (num_warmup > 0) or pass a smaller step_size"
+            )
+        elif short and getattr(kernel, "adapt_step_size", False):
             windows = warmup_windows(num_warmup)
             last = num_warmup - windows[-1][1] if windows else num_warmup
             advice = (
@@ -649,6 +737,29 @@ def problems_message(
             f"correlated parameters)"
         )
     return "; ".join(found) or None
+
+
+def _rng_key_hint(error: TypeError, args: tuple) -> str | None:
+    """What to say where calling the model with ``args`` failed on its positional
+    arguments and the first looks like NumPyro's rng key (an integer, a JAX key), else
+    None.
+
+    >>> error = TypeError("model() takes 1 positional argument but 2 were given")
+    >>> _rng_key_hint(error, (0, None)).split(":")[0]
+    "the first argument, 0, looks like NumPyro's rng key"
+    """
+    if not args or "positional argument" not in str(error):
+        return None
+    first = args[0]
+    jax_key = type(first).__module__.startswith(("jax", "jaxlib"))
+    if not (jax_key or (isinstance(first, numbers.Integral) and not isinstance(first, bool))):
+        return None
+    shown = repr(first) if not jax_key else "a JAX key"
+    return (
+        f"the first argument, {shown}, looks like NumPyro's rng key: probtorch's "
+        f"MCMC.run(*args, **kwargs) takes the model's arguments only, and the seed goes to "
+        f"MCMC(..., seed=...)"
+    )
 
 
 def _interrupt_note(phase: str, draws: torch.Tensor) -> str:
