@@ -192,14 +192,20 @@ class Trace(OrderedDict):
         return self
 
 
+def equal_indices(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """Whether two plates' index tensors hold the same rows in the same order; ``None``
+    where their values cannot be read (compiled runs: the eager run checked them)."""
+    if a is b:
+        return True
+    if not (readable(a) and readable(b)):
+        return None
+    return a.shape == b.shape and bool(torch.equal(a, b.to(a.device)))
+
+
 def _same_given_indices(first: Message, msg: Message) -> bool:
     """Whether two builds of a plate were both given the same indices (``subsample=``)."""
-    if not (first.extra.get("indices_given") and msg.extra.get("indices_given")):
-        return False
-    a, b = first.value, msg.value
-    if not (readable(a) and readable(b)):
-        return True  # (compiled runs: the eager run checked them)
-    return a.shape == b.shape and bool(torch.equal(a, b.to(a.device)))
+    both_given = first.extra.get("indices_given") and msg.extra.get("indices_given")
+    return bool(both_given) and equal_indices(first.value, msg.value) is not False
 
 
 class trace(_Handler):

@@ -15,7 +15,7 @@ import pyro.distributions as pyro_dist
 import torch
 from torch.distributions import constraints
 
-from .handlers import scale
+from .handlers import equal_indices, scale
 from .params import get_param_store
 from .runtime import CondIndepStackFrame, Message, Messenger, apply_stack, get_stack
 from .validation import num_event_dims, readable
@@ -288,9 +288,7 @@ def _check_given_indices(name: str, given: torch.Tensor, value: torch.Tensor) ->
     """Refuse indices that a handler (the guide's trace replayed into the model, or
     Predictive's guide) gives a plate the model gave other ones (``subsample=``): the
     model's data and the guide's local draws would be other rows."""
-    if value is given or not (readable(given) and readable(value)):
-        return
-    if value.shape == given.shape and bool(torch.equal(value.to(given.device), given)):
+    if equal_indices(given, value) is not False:
         return
     raise ValueError(
         f"plate {name!r}: the model gives it subsample indices of shape "

@@ -115,8 +115,8 @@ class MCMC:
         # whether post_warmup_state was left by run() (not by warmup() or the user): such a
         # state is continued only with the same arguments
         self._warm_left_by_run = False
-        self._warm_set_by_user = False  # post_warmup_state assigned, not kept by the driver
-        self._adapted_with: dict | None = None  # the settings its warmup ran with
+        # the settings its warmup ran with; None for a state the user set (post_warmup_state)
+        self._adapted_with: dict | None = None
         self._model_changed = False
         self._continued_runs = 0  # runs that continued this state (each draws its own stream)
         self.last_state: SamplerState | None = None
@@ -139,7 +139,6 @@ class MCMC:
     def post_warmup_state(self, state: SamplerState | None) -> None:
         self._post_warmup_state = state
         self._warm_left_by_run = False
-        self._warm_set_by_user = state is not None
         self._adapted_with = None
         self._continued_runs = 0  # a state set anew continues as its first continuation
 
@@ -162,7 +161,8 @@ class MCMC:
         potential = self.kernel.potential
         if self._warm_left_by_run and not _same_args(potential, args, kwargs):
             return None  # the previous run adapted to other data: warm up anew
-        if not self._warm_set_by_user and len(given.z) != self.num_chains:
+        kept_by_driver = self._adapted_with is not None
+        if kept_by_driver and len(given.z) != self.num_chains:
             warn_at_caller(
                 f"num_chains={self.num_chains}, but the post_warmup_state kept from the "
                 f"previous run has {len(given.z)} chains: warming up anew"
@@ -178,7 +178,7 @@ class MCMC:
                 "e.g. a global tensor or number): warming up anew",
             )
             return None
-        if self._adapted_with is not None:
+        if kept_by_driver:
             now = self._adaptation_settings()
             changed = [
                 f"{n}={now[n]!r}"
@@ -340,7 +340,6 @@ class MCMC:
             self._continued_runs = 0
         if not continuing:
             self._adapted_with = self._adaptation_settings()
-            self._warm_set_by_user = False
         self._post_warmup_state = warm
         self._warm_left_by_run = not warmup_only
         self.last_state = state
