@@ -80,6 +80,23 @@ def test_potential_is_nan_for_a_non_positive_definite_covariance(compiled):
         torch.testing.assert_close(grad[[0, 2]], eager_grad[[0, 2]])
 
 
+def test_eager_evaluations_take_the_guard_from_the_first_failed_factorization_on():
+    """Eagerly the guard's per-operation cost is saved until a factorization fails; the
+    failing evaluation runs again under it, and every later one: the values and gradients
+    are those of evaluations that were guarded throughout."""
+    potential = Potential(correlation_model, (_data(),), compile=False)
+    guarded = Potential(correlation_model, (_data(),), compile=False)
+    guarded._linalg_guard.failed = True  # under nan_on_failure from the start
+    good, bad = torch.tensor([[0.0], [-0.5]]), torch.tensor([[0.3], [4.0]])
+    for z, failed in ((good, False), (bad, True), (good, True)):
+        value, grad = potential.value_and_grad(z)
+        assert potential._linalg_guard.failed is failed
+        expected_value, expected_grad = guarded.value_and_grad(z)
+        torch.testing.assert_close(value, expected_value, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0, equal_nan=True)
+    assert value.isfinite().all() and potential.value_and_grad(bad)[0][1].isnan()
+
+
 @pytest.mark.slow
 def test_nuts_counts_failed_choleskys_as_divergences():
     """The run completes; every draw is inside the positive-definite region."""

@@ -46,7 +46,7 @@ from .enumeration import (
     sum_out,
 )
 from .init_strategies import check_value_names, init_to_uniform, on_latent_sites
-from .safe_linalg import nan_on_failure
+from .safe_linalg import GuardAfterFailure, nan_on_failure, traced
 from .uncompilable import eager_fallback_note, raised_at
 
 __all__ = ["LatentSite", "Potential", "initialize_model", "pack_init_params", "InitializationError"]
@@ -264,6 +264,40 @@ def _loop_over_chains(fn: Callable) -> Callable:
     return looped
 
 
+def _grad_of_sum(batched_value: Callable) -> Callable:
+    """``(grad, value)`` of a function batched over chains by one reverse-mode pass of
+    torch's autograd through the sum of its values: the chains are independent, so each
+    row of the gradient is its chain's own. Eagerly about a quarter faster than
+    ``vmap(grad_and_value(...))`` (one functorch layer less on every operation), with the
+    same values; not for tracing (Dynamo cannot capture ``torch.autograd.grad``).
+
+    >>> _grad_of_sum(lambda z: (z**2).sum(-1))(torch.ones(2, 3))
+    (tensor([[2., 2., 2.],
+            [2., 2., 2.]]), tensor([3., 3.]))
+    """
+
+    def grad_and_value(z):
+        with torch.enable_grad():
+            z = z.detach().requires_grad_(True)
+            value = batched_value(z)
+            grad = None
+            if value.requires_grad:
+                (grad,) = torch.autograd.grad(value.sum(), z, allow_unused=True)
+        return (torch.zeros_like(z) if grad is None else grad), value.detach()
+
+    return grad_and_value
+
+
+def _traced_or_eager(traced_fn: Callable, eager_fn: Callable) -> Callable:
+    """``traced_fn`` where ``torch.compile`` or ``make_fx`` captures the call, else
+    ``eager_fn`` (the same function, faster run eagerly)."""
+
+    def either(*args):
+        return traced_fn(*args) if traced() else eager_fn(*args)
+
+    return either
+
+
 def _outside_autograd(fn: Callable) -> Callable:
     """``fn`` run with torch's autograd off (``torch.func.grad`` inside still takes its
     gradient): the model's tensors that require grad (a ``pt.param``, a module's weights)
@@ -386,6 +420,9 @@ class Potential:
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self.compiled = compile_enabled(compile)
+        # failed factorizations are NaN (a divergence), not errors; eager evaluations run
+        # without the guard's per-operation cost until one fails
+        self._linalg_guard = GuardAfterFailure()
         # Latent values come from init_to_uniform, which (unlike a prior draw) also works for
         # improper priors such as ImproperUniform.
         self.prototype_trace = _run_traced_retrying(
@@ -463,7 +500,10 @@ class Potential:
         :func:`_loop_over_chains`)."""
         self._batched_value = batch(self._single_potential)
         self._batched_value_and_grad = _outside_autograd(
-            batch(torch.func.grad_and_value(self._single_potential))
+            _traced_or_eager(
+                batch(torch.func.grad_and_value(self._single_potential)),
+                _grad_of_sum(self._batched_value),
+            )
         )
         self._value = compile_fn(self._batched_value, self.compiled)
         self._value_and_grad = compile_fn(self._batched_value_and_grad, self.compiled)
@@ -656,28 +696,34 @@ class Potential:
             self.model(*self._args, **self._kwargs)
 
     def _single_potential(self, z: torch.Tensor) -> torch.Tensor:
-        unconstrain = self._unconstrain(z)
-        if self.enumerated:
-            factors, enumerate_ = CollectFactors(), self._enumerate()
-            with nan_on_failure(), factors, unconstrain, enumerate_:
-                self.model(*self._args, **self._kwargs)
-            log_joint = sum_out(factors.factors, self.plate_nesting)
-            total = log_joint + unconstrain.log_det
-        else:
-            log_joint = _LogJoint()
-            with nan_on_failure(), log_joint, unconstrain:
-                self.model(*self._args, **self._kwargs)
-            total = log_joint.total + unconstrain.log_det
+        total = self._linalg_guard(lambda: self._log_density(z))
         # in the latent values' dtype: a density computed in another (Pyro's
         # SineBivariateVonMises builds its normalizer in torch's default dtype) would make
         # the sampler's energies another dtype than its positions
         return (-total).to(z.dtype)
 
+    def _log_density(self, z: torch.Tensor) -> torch.Tensor:
+        """``log p(x, theta(z)) + log |det d theta / d z|`` of one chain, discrete sites
+        summed out; factorizations that fail raise (see :attr:`_linalg_guard`)."""
+        unconstrain = self._unconstrain(z)
+        if self.enumerated:
+            factors, enumerate_ = CollectFactors(), self._enumerate()
+            with factors, unconstrain, enumerate_:
+                self.model(*self._args, **self._kwargs)
+            return sum_out(factors.factors, self.plate_nesting) + unconstrain.log_det
+        log_joint = _LogJoint()
+        with log_joint, unconstrain:
+            self.model(*self._args, **self._kwargs)
+        return log_joint.total + unconstrain.log_det
+
     def _single_constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
-        record = _Record(self.enumerated | self.enumerated_deterministic)
-        with nan_on_failure(), record, self._unconstrain(z):
-            self._run_model()
-        return record.values
+        def run():
+            record = _Record(self.enumerated | self.enumerated_deterministic)
+            with record, self._unconstrain(z):
+                self._run_model()
+            return record.values
+
+        return self._linalg_guard(run)
 
     def raw_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(value, grad)`` batched over chains, uncompiled and unchecked.
