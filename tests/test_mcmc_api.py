@@ -1844,15 +1844,38 @@ def test_print_summary_refuses_a_prob_outside_0_1(vector_run, prob):
 
 def test_numpyro_extra_field_names():
     """NumPyro's ``adapt_state.step_size`` is the step size each draw used, under its name;
-    its ``mean_accept_prob`` (a running mean) is not recorded, and the refusal says so."""
+    its ``mean_accept_prob`` is the running mean of ``accept_prob`` over the phase's
+    transitions (thinned ones included), in the sample stats where it was asked for, as
+    ArviZ's from_numpyro keeps it."""
     mcmc = _mcmc(num_warmup=20, num_samples=10)
     mcmc.run(_vector_data(), extra_fields=("adapt_state.step_size", "step_size"))
     fields = mcmc.get_extra_fields()
     assert set(fields) == {"diverging", "adapt_state.step_size", "step_size"}
     assert torch.equal(fields["adapt_state.step_size"], fields["step_size"])
-    with pytest.raises(ValueError, match=r"unknown extra_fields \['mean_accept_prob'\].*"
-                       r"accept_prob.*running mean"):  # fmt: skip
-        mcmc.run(_vector_data(), extra_fields=("mean_accept_prob",))
+    assert "mean_accept_prob" not in mcmc.to_inference_data().sample_stats
+    asked = ("accept_prob", "mean_accept_prob")
+    mcmc = _mcmc(num_warmup=20, num_samples=10, seed=4)
+    mcmc.run(_vector_data(), extra_fields=asked)
+    fields = mcmc.get_extra_fields(group_by_chain=True)
+    accept = fields["accept_prob"]
+    running = accept.cumsum(1) / torch.arange(1, 11, dtype=accept.dtype)
+    torch.testing.assert_close(fields["mean_accept_prob"], running, rtol=1e-12, atol=0)
+    stats = mcmc.to_inference_data().sample_stats
+    np.testing.assert_allclose(stats["mean_accept_prob"].values, running.numpy(), rtol=1e-12)
+    thinned = _mcmc(num_warmup=20, num_samples=10, seed=4, thinning=3)
+    thinned.run(_vector_data(), extra_fields=asked)
+    torch.testing.assert_close(
+        thinned.get_extra_fields(group_by_chain=True)["mean_accept_prob"],
+        running[:, 3::3], rtol=0, atol=0)  # fmt: skip
+    warm = _mcmc(num_warmup=20, num_samples=10, seed=4)
+    warm.warmup(_vector_data(), collect_warmup=True, extra_fields=asked)
+    warm_fields = warm.get_extra_fields(group_by_chain=True)
+    warm_accept = warm_fields["accept_prob"]
+    warm_running = warm_accept.cumsum(1) / torch.arange(1, 21, dtype=warm_accept.dtype)
+    torch.testing.assert_close(warm_fields["mean_accept_prob"], warm_running, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match=r"unknown extra_fields \['mean_accpt_prob'\]; "
+                       r"available: .*'mean_accept_prob'"):  # fmt: skip
+        mcmc.run(_vector_data(), extra_fields=("mean_accpt_prob",))
 
 
 def test_divergences_without_warmup_advise_a_warmup_or_a_smaller_step_size():

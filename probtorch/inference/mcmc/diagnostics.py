@@ -22,6 +22,7 @@ _ARVIZ_STATS = {
     "num_steps": "n_steps",
     "step_size": "step_size",
     "accept_prob": "acceptance_rate",
+    "mean_accept_prob": "mean_accept_prob",  # NumPyro's, kept under its name by from_numpyro
 }
 
 

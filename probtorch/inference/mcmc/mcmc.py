@@ -216,6 +216,12 @@ class MCMC:
         computed under the new arguments. A continued run draws a random stream of its
         own (from the seed and the state).
 
+        ``extra_fields`` names per-draw statistics to keep besides ``diverging``:
+        ``energy``, ``tree_depth`` (NUTS), ``num_steps``, ``accept_prob``, ``step_size``,
+        ``potential_energy``, and NumPyro's ``mean_accept_prob`` (the running mean of
+        ``accept_prob`` over the run's transitions, thinned ones included; a continued run
+        starts its own) and ``adapt_state.step_size``.
+
         Ctrl-C keeps the transitions finished so far, with a warning; chains are cut to the
         shortest, so ``last_state`` may lie a few transitions past a chain's last kept draw.
         Afterwards a warning reports divergent transitions and trees cut at
@@ -270,17 +276,11 @@ class MCMC:
             extra_fields = (extra_fields,)
         fields = tuple(dict.fromkeys(("diverging",) + tuple(extra_fields)))
         available = [n for n in STAT_NAMES if n != "tree_depth" or self._builds_trees()]
-        unknown = set(fields) - set(STAT_NAMES) - set(_FIELD_ALIASES)
+        unknown = set(fields) - set(STAT_NAMES) - set(_FIELD_ALIASES) - {_MEAN_ACCEPT}
         if unknown:  # refused before anything changes: the last run's results stay
-            note = (
-                " (NumPyro's mean_accept_prob, a running mean over the phase, is not "
-                "recorded: accept_prob is each draw's)"
-                if "mean_accept_prob" in unknown
-                else ""
-            )
             raise ValueError(
-                f"unknown extra_fields {sorted(unknown)}; available: {available} and NumPyro's "
-                f"{sorted(_FIELD_ALIASES)}{note}"
+                f"unknown extra_fields {sorted(unknown)}; available: {available}, "
+                f"{_MEAN_ACCEPT!r} and NumPyro's {sorted(_FIELD_ALIASES)}"
             )
         if "tree_depth" in fields and not self._builds_trees():
             raise ValueError(
@@ -438,7 +438,7 @@ class MCMC:
         kernel = self.kernel
         C, D = state.z.shape
         empty = state.z.new_zeros(C, 0, D)
-        kept = empty, empty_stats(state.z)
+        kept = empty, _with_running_mean(empty_stats(state.z))
         keep = self._kept(self.num_samples)
         if not continuing and self.num_warmup > 0:
             with _progress("warmup", self.num_warmup, self.progress_bar) as bar:
@@ -448,7 +448,7 @@ class MCMC:
                 warm_keep = self._kept(self.num_warmup)
                 kept = (
                     warmed.draws[:, warm_keep],
-                    {k: v[:, warm_keep] for k, v in warmed.stats.items()},
+                    {k: v[:, warm_keep] for k, v in _with_running_mean(warmed.stats).items()},
                 )
             if warmed.interrupted:
                 self.interrupted, self._interrupted_in = True, "warmup"
@@ -464,7 +464,7 @@ class MCMC:
         for i, n in enumerate(problem_counts(kernel, result.stats)):  # before thinning
             self._problems[i] += n
         draws = result.draws[:, keep]
-        stats = {k: v[:, keep] for k, v in result.stats.items()}
+        stats = {k: v[:, keep] for k, v in _with_running_mean(result.stats).items()}
         return warm, result.state, draws, stats
 
     def _kept(self, num: int) -> slice:
@@ -608,9 +608,11 @@ class MCMC:
             {'chain': 2, 'draw': 50, 'obs': 4}
         """
         self._require_run()
-        stats = self._stats
-        if not self._builds_trees():
-            stats = {k: v for k, v in stats.items() if k != "tree_depth"}
+        # as ArviZ's from_numpyro: mean_accept_prob where it was asked for
+        left_out = {"tree_depth"} if not self._builds_trees() else set()
+        if _MEAN_ACCEPT not in self._extra_fields:
+            left_out.add(_MEAN_ACCEPT)
+        stats = {k: v for k, v in self._stats.items() if k not in left_out}
         return to_inference_data(
             self._potential,
             self._samples,
@@ -626,6 +628,24 @@ class MCMC:
 
 # NumPyro's names of extra fields that probtorch records under its own
 _FIELD_ALIASES = {"adapt_state.step_size": "step_size"}
+
+# NumPyro's running mean of accept_prob over a phase's transitions
+_MEAN_ACCEPT = "mean_accept_prob"
+
+
+def _with_running_mean(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``stats`` of a phase's transitions ``(C, S)``, before thinning, with NumPyro's
+    ``mean_accept_prob``: each transition's mean of ``accept_prob`` over the phase's
+    transitions up to it (a run continued from a kept state starts its own mean).
+
+    >>> accept = torch.tensor([[1.0, 0.5, 0.0]])
+    >>> _with_running_mean({"accept_prob": accept})["mean_accept_prob"]
+    tensor([[1.0000, 0.7500, 0.5000]])
+    """
+    accept = stats["accept_prob"]
+    count = torch.arange(1, accept.shape[1] + 1, dtype=accept.dtype, device=accept.device)
+    return {**stats, _MEAN_ACCEPT: accept.cumsum(1) / count}
+
 
 # settings compared by value (others, tensors and dicts of them, by identity)
 _PLAIN = (bool, int, float, str, tuple, list)
