@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from ._errors import with_message
-from .runtime import Message, Messenger, apply_stack, get_stack
+from .runtime import Message, Messenger, apply_stack
 from .validation import check_sample_site, is_validation_enabled, readable
 
 __all__ = [
@@ -113,29 +113,6 @@ def _named_site_log_prob(site: Message, apply_scale: bool = True) -> torch.Tenso
         raise with_message(error, message) from error
 
 
-def _refuse_reentry(handler: Messenger) -> None:
-    """Refuse to enter ``handler`` while it is already on the stack, as Pyro's
-    ``Messenger.__enter__`` does: it would apply twice (``with s: with s:`` of a
-    ``scale(scale=2.)`` scaled by 4)."""
-    if handler in get_stack():
-        name = type(handler).__name__
-        raise ValueError(
-            f"the {name} handler is entered again while it is active (`with h: with h:`, or "
-            f"a model wrapped by h that calls another one wrapped by h); it would apply twice. "
-            f"Build a second {name}(...) for the inner block (Pyro refuses this too)"
-        )
-
-
-class _Handler(Messenger):
-    """Base of the handlers here: a :class:`Messenger` that cannot be entered twice at once
-    (:func:`_refuse_reentry`); entered again after it exits, or by two models it wraps one
-    after the other, it is fine."""
-
-    def __enter__(self):
-        _refuse_reentry(self)
-        return super().__enter__()
-
-
 class Trace(OrderedDict):
     """An ordered record ``name -> Message`` of one run of a model.
 
@@ -208,7 +185,7 @@ def _same_given_indices(first: Message, msg: Message) -> bool:
     return bool(both_given) and equal_indices(first.value, msg.value) is not False
 
 
-class trace(_Handler):
+class trace(Messenger):
     """Record every site of a run in a :class:`Trace`.
 
     Sample sites are checked eagerly (distribution parameters, observed shapes and
@@ -280,7 +257,7 @@ class trace(_Handler):
         return self.trace
 
 
-class seed(_Handler):
+class seed(Messenger):
     """Give the model random numbers from torch's generator, seeded with ``rng_seed``.
 
     The global RNG state is saved on entry and restored on exit, so a seeded model is
@@ -307,7 +284,7 @@ class seed(_Handler):
         self._saved: list = []
 
     def __enter__(self):
-        _refuse_reentry(self)  # before the generator's state is saved and reseeded
+        self._refuse_reentry()  # before the generator's state is saved and reseeded
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._saved.append(
             (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
@@ -326,7 +303,7 @@ class seed(_Handler):
         msg.extra["seeded"] = True
 
 
-class substitute(_Handler):
+class substitute(Messenger):
     """Replace the values of latent sample sites and params by ``data[name]``.
 
     Example::
@@ -361,7 +338,7 @@ class substitute(_Handler):
             msg.value = value
 
 
-class condition(_Handler):
+class condition(Messenger):
     """Observe sample sites at ``data[name]``: they become likelihood terms. ``data`` may
     also be a :class:`Trace`, whose sample sites' values are observed (as in Pyro).
 
@@ -393,7 +370,7 @@ class condition(_Handler):
         msg.extra["conditioned"] = True  # fixed by the user: Predictive keeps the value
 
 
-class block(_Handler):
+class block(Messenger):
     """Hide sites from the handlers outside this one (all sites unless told otherwise).
 
     As in Pyro, a site is hidden if its name is in ``hide``, or its type in ``hide_types``,
@@ -478,7 +455,7 @@ def _block_rule(hide_all, expose_all, hide, expose, hide_types, expose_types):
     return hide_fn
 
 
-class replay(_Handler):
+class replay(Messenger):
     """Give latent sample sites (and plate indices) the values recorded in ``trace``.
 
     As in Pyro, a replayed sample site takes the ``infer`` dict of the trace's site (a
@@ -539,7 +516,7 @@ def _check_scale(scale) -> None:
         raise ValueError(f"scale must be positive, got {scale}")
 
 
-class scale(_Handler):
+class scale(Messenger):
     """Multiply the log densities of sample sites by ``scale`` (e.g. a minibatch factor).
 
     Example::
@@ -562,7 +539,7 @@ class scale(_Handler):
             msg.scale = self.scale if msg.scale is None else self.scale * msg.scale
 
 
-class mask(_Handler):
+class mask(Messenger):
     """Zero the log densities of sample sites where ``mask`` is False.
 
     Example::
@@ -599,7 +576,7 @@ class mask(_Handler):
             msg.mask = torch.as_tensor(msg.mask) & torch.as_tensor(self.mask)
 
 
-class infer_config(_Handler):
+class infer_config(Messenger):
     """Update each latent sample site's ``infer`` dict with ``config_fn(msg)`` (Pyro's
     ``poutine.infer_config``).
 
@@ -667,7 +644,7 @@ def config_enumerate(
     return infer_config(fn, config)
 
 
-class do(_Handler):
+class do(Messenger):
     """Intervene: set sample sites to ``data[name]`` and cut their dependence on parents.
 
     The site ``name`` is still drawn as usual (so its density is unchanged); the
@@ -703,7 +680,7 @@ class do(_Handler):
         msg.stop = True
 
 
-class reparam(_Handler):
+class reparam(Messenger):
     """Rewrite sample sites with a :class:`~probtorch.reparam.Reparam` (non-centering, ...).
 
     ``config`` maps site names to reparameterizers, or is a callable ``msg -> Reparam|None``.

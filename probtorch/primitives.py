@@ -8,6 +8,7 @@ by the handlers in :mod:`probtorch.handlers`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -330,22 +331,43 @@ def _every_row_in_order(indices: torch.Tensor, size: int) -> bool:
     )
 
 
-def _given_subsample(name: str, size: int, indices, subsample_size) -> int:
-    """Check ``plate(..., subsample=indices)``; returns the subsample size."""
+def _as_index_tensor(indices):
+    """``plate(..., subsample=indices)``'s indices as a tensor: a tensor as it is; a list,
+    tuple or numpy array converted, as Pyro converts them (``torch.as_tensor``), and then to
+    ``torch.long`` (what the plate's drawn indices and ``torch.arange`` hold). Anything else,
+    or what does not convert, is returned as it is, for :func:`_given_subsample` to refuse."""
+    if isinstance(indices, torch.Tensor) or not (
+        isinstance(indices, (list, tuple)) or type(indices).__module__ == "numpy"
+    ):
+        return indices
+    try:
+        converted = torch.as_tensor(indices)
+    except (TypeError, ValueError, RuntimeError):  # ragged, or objects that are not numbers
+        return indices
+    if converted.dtype == torch.bool or (converted.is_floating_point() and converted.numel()):
+        return converted  # refused, named by its dtype
+    return converted.long()  # (an empty list converts to float32; it is refused as empty)
+
+
+def _given_subsample(name: str, size: int, indices, subsample_size) -> tuple[torch.Tensor, int]:
+    """Check ``plate(..., subsample=indices)``; returns the indices as a tensor
+    (:func:`_as_index_tensor`) and the subsample size."""
+    given, indices = indices, _as_index_tensor(indices)
     if (
         not isinstance(indices, torch.Tensor)
         or indices.dim() != 1
         or indices.is_floating_point()
         or indices.dtype == torch.bool
     ):
+        kind = "a tensor" if given is indices else f"{type(given).__name__} converted to a tensor"
         what = (
-            f"a tensor of shape {tuple(indices.shape)} and dtype {indices.dtype}"
+            f"{kind} of shape {tuple(indices.shape)} and dtype {indices.dtype}"
             if isinstance(indices, torch.Tensor)
             else type(indices).__name__
         )
         raise ValueError(
             f"plate {name!r}: subsample must be a 1-d tensor of integer indices (not a "
-            f"boolean mask), got {what}"
+            f"boolean mask), or a list, tuple or numpy array of them, got {what}"
         )
     count = indices.shape[0]
     if count == 0:
@@ -359,7 +381,7 @@ def _given_subsample(name: str, size: int, indices, subsample_size) -> int:
             f"plate {name!r}: subsample indices must lie in [0, size={size}), got "
             f"[{int(indices.min())}, {int(indices.max())}]"
         )
-    return count
+    return indices, count
 
 
 class plate(Messenger):
@@ -371,7 +393,9 @@ class plate(Messenger):
     ``size / subsample_size`` so that the log likelihood stays unbiased. As in Pyro and
     NumPyro, the indices are drawn once, when the plate is built, so a plate entered several
     times uses the same subsample each time. ``subsample=indices`` gives the indices
-    instead (a minibatch chosen by a data loader): ``subsample_size`` is their number.
+    instead (a minibatch chosen by a data loader): ``subsample_size`` is their number. As in
+    Pyro, they may be a 1-d integer tensor, or a list, tuple or numpy array of integers
+    (converted to a ``torch.long`` tensor, which entering the plate returns).
 
     Iterated, ``for i in pt.plate("groups", n):``, it is Pyro's sequential plate: the body
     runs once per index (a Python int), not vectorized, with the sites in it scaled by
@@ -401,14 +425,14 @@ class plate(Messenger):
         size: int,
         subsample_size: int | None = None,
         dim: int | None = None,
-        subsample: torch.Tensor | None = None,
+        subsample: torch.Tensor | Sequence[int] | None = None,
     ):
         super().__init__()
         size = int(size)
         if size < 0:
             raise ValueError(f"plate {name!r}: size must be >= 0, got {size}")
         if subsample is not None:
-            subsample_size = _given_subsample(name, size, subsample, subsample_size)
+            subsample, subsample_size = _given_subsample(name, size, subsample, subsample_size)
         asked = subsample_size
         if subsample_size is None:
             subsample_size = size
@@ -480,9 +504,19 @@ class plate(Messenger):
         return dim
 
     def __enter__(self):
+        self._refuse_reentry()  # before its dim is allocated again
         self.dim = self._allocate_dim()
         super().__enter__()
         return self.indices
+
+    def _reentry_message(self) -> str:
+        return (
+            f"plate {self.name!r} is entered again while it is active (`with p: with p:`, or "
+            f"a function run inside p that enters p): its sites would be broadcast along it "
+            f"twice, scaled twice where it subsamples, and the inner block's exit would end "
+            f"the plate for the rest of the outer one. The inner block is in the plate "
+            f"already: enter it once (Pyro refuses this too, as a duplicate plate)"
+        )
 
     def __exit__(self, *exc):
         self.dim = self._user_dim
@@ -632,9 +666,12 @@ class markov(Messenger):
     def __enter__(self):
         # a step is the depth of entry, as in Pyro: a recursive function's call depth (its
         # siblings, run after a subtree returns, are at their parent's depth + 1), and for
-        # a loop the number of items so far (each entered until the loop ends)
+        # a loop the number of items so far (each entered until the loop ends). Re-entry is
+        # its purpose (Pyro's markov is a ReentrantMessenger), so it is not refused as other
+        # handlers' is: on the handler stack once, however deep, its sites pass through it
+        # once.
         self.depth += 1
-        if self.depth == 1:  # on the handler stack once, however deep
+        if self.depth == 1:
             super().__enter__()
         return self
 

@@ -154,7 +154,8 @@ class Messenger:
     ``handler(fn)(*args)`` runs ``fn`` with the handler active; ``with handler: ...`` does the
     same for a block. A handler built without a function, ``h = handler(...)``, is also a
     decorator: as in Pyro, each ``h(fn)`` is a new callable (a copy of ``h`` that runs
-    ``fn``) that enters ``h`` itself, so one handler may wrap several functions. Subclasses
+    ``fn``) that enters ``h`` itself, so one handler may wrap several functions. As in Pyro,
+    a handler is not entered again while it is active (:meth:`_refuse_reentry`). Subclasses
     override ``process_message`` and/or ``postprocess_message``.
 
     Example::
@@ -181,8 +182,28 @@ class Messenger:
         self.fn = fn
 
     def __enter__(self):
+        self._refuse_reentry()
         _STACK.append(self)
         return self
+
+    def _refuse_reentry(self) -> None:
+        """Refuse to enter this handler while it is already on the stack, as Pyro's
+        ``Messenger`` does: every message would pass through it twice (a ``scale(2.0)``
+        entered twice scales by 4, a plate broadcasts its dim twice), and the inner block's
+        exit would take it off the stack for the rest of the outer one. Entered again after
+        it exits, or by two models it wraps one after the other, it is fine. A subclass that
+        changes state on entry before ``super().__enter__()`` calls this first; one that
+        means to be re-entered (``markov``) pushes itself only on its first entry."""
+        if self in _STACK:
+            raise ValueError(self._reentry_message())
+
+    def _reentry_message(self) -> str:
+        name = type(self).__name__
+        return (
+            f"the {name} handler is entered again while it is active (`with h: with h:`, or "
+            f"a model wrapped by h that calls another one wrapped by h); it would apply twice. "
+            f"Build a second {name}(...) for the inner block (Pyro refuses this too)"
+        )
 
     def __exit__(self, exc_type, exc_value, traceback):
         # Remove this handler even if an inner handler forgot to exit (exceptions).

@@ -178,6 +178,41 @@ def test_a_handler_entered_again_while_active_is_refused(make):
     assert tr["a"].scale == 6.0
 
 
+class _double(Messenger):
+    """A user's own handler: doubles every sample site's value."""
+
+    def postprocess_message(self, msg):
+        if msg.type == "sample":
+            msg.value = 2 * msg.value
+
+
+def test_a_users_messenger_entered_again_while_active_is_refused():
+    """``Messenger`` refuses re-entry for every subclass, as Pyro's ``Messenger.__enter__``
+    does: a user's handler entered again while active ran twice (3 doubled to 12), and the
+    inner block's exit took it off the stack for the rest of the outer one."""
+
+    def observe():
+        return pt.sample("x", dist.Normal(0.0, 1.0), obs=torch.tensor(3.0))
+
+    d = _double()
+    refused = r"the _double handler is entered again while it is active .*Build a second _double"
+    with pytest.raises(ValueError, match=refused + r"\(\.\.\.\) for the inner block"):
+        with d:
+            with d:
+                pass
+    assert get_stack() == []
+    with d:  # used again after it exited
+        assert float(observe()) == 6.0
+        assert float(observe()) == 6.0
+    wrapped = d(observe)
+    assert float(wrapped()) == 6.0 and float(wrapped()) == 6.0  # one run after the other
+    with pytest.raises(ValueError, match="the _double handler is entered again"):
+        d(lambda: wrapped())()  # a model wrapped by d calls another wrapped by d
+    assert get_stack() == []
+    with _double(), _double():  # two instances: each applies once
+        assert float(observe()) == 12.0
+
+
 def test_messenger_exit_cleans_stack_after_exception():
     def model():
         with pt.plate("p", 3):

@@ -521,3 +521,45 @@ def test_log_likelihood_counts_factor_sites_as_numpyro_does():
                          math.log(0.3) + dist.Normal(loc + 1, 1.0).log_prob(y)])  # fmt: skip
     ll = log_likelihood(mixture, {"mu": mu}, y)["ll"]
     torch.testing.assert_close(ll, torch.logsumexp(terms, 0))
+
+
+def test_log_likelihood_carries_no_autograd_history_of_the_models_params():
+    """A model's ``pt.param`` (and ``pt.module``'s weights) require grad; the pointwise log
+    likelihood is data for ArviZ (``.numpy()``), as ``MCMC.to_inference_data`` exports it."""
+    from probtorch.inference import log_likelihood
+
+    y = torch.tensor([0.3, -1.2, 2.0])
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(1, 1)
+
+    def with_param(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 5.0))
+        shift = pt.param("shift", torch.tensor(0.5))
+        net = pt.module("net", linear)
+        with pt.plate("n", 3):
+            pt.sample("y", dist.Normal(mu + shift + net(torch.ones(1)), NOISE), obs=y)
+
+    mu = torch.tensor([0.5, -1.0])
+    ll = log_likelihood(with_param, {"mu": mu}, y)["y"]
+    assert not ll.requires_grad and ll.grad_fn is None
+    net_out = (linear.weight + linear.bias).detach().squeeze()
+    loc = (mu + 0.5 + net_out)[:, None]
+    torch.testing.assert_close(ll, dist.Normal(loc, NOISE).log_prob(y))
+    assert ll.numpy().shape == (2, 3)
+    fixed = {"shift": torch.tensor(1.5, requires_grad=True)}  # params= substituted
+    ll = log_likelihood(with_param, {"mu": mu}, y, params=fixed)["y"]
+    assert not ll.requires_grad
+    loc = (mu + 1.5 + net_out)[:, None]
+    torch.testing.assert_close(ll, dist.Normal(loc, NOISE).log_prob(y))
+
+    def summed_out(y):  # no continuous latent site: one evaluation serves every draw
+        weight = pt.param("weight", torch.tensor(0.3), constraint=dist.constraints.unit_interval)
+        with pt.plate("n", 3):
+            z = pt.sample("z", dist.Bernoulli(weight))
+            pt.sample("y", dist.Normal(2.0 * z, 1.0), obs=y)
+
+    ll = log_likelihood(summed_out, {"mu": mu}, y)["y"]
+    assert not ll.requires_grad and ll.shape == (2, 3)
+    terms = torch.stack([math.log(0.7) + dist.Normal(0.0, 1.0).log_prob(y),
+                         math.log(0.3) + dist.Normal(2.0, 1.0).log_prob(y)])  # fmt: skip
+    torch.testing.assert_close(ll, torch.logsumexp(terms, 0).expand(2, 3))

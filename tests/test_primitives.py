@@ -395,6 +395,57 @@ def test_plate_reused_twice():
     assert tr["x"].cond_indep_stack == (frame,) == tr["y"].cond_indep_stack
 
 
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"subsample_size": 2}, {"dim": -2}], ids=["full", "subsampled", "dim"]
+)
+def test_a_plate_entered_again_while_active_is_refused(kwargs):
+    """As Pyro (``duplicate plate 'data'``): a plate entered again inside itself put its
+    frame on the sites twice, scaled a subsample's sites twice (2.5 ** 2), and the inner
+    block's exit reset its dim, so the outer block's next site failed with a TypeError."""
+    p = pt.plate("data", 5, **kwargs)
+    refused = r"plate 'data' is entered again while it is active .*enter it once"
+
+    def inner():
+        with p:
+            pt.sample("x", dist.Normal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match=refused):
+        with trace(), seed(rng_seed=0), p:
+            with p:
+                pass
+    assert get_stack() == []
+    with pytest.raises(ValueError, match=refused):
+        with seed(rng_seed=0), p, pt.plate("other", 3, dim=-3):
+            inner()  # a function run inside the plate that enters it again
+    assert get_stack() == []
+    with trace() as tr, seed(rng_seed=0):  # entered again after it exits: as before
+        with p:
+            pt.sample("a", dist.Normal(0.0, 1.0))
+        with p:
+            pt.sample("b", dist.Normal(0.0, 1.0))
+    frame = CondIndepStackFrame("data", kwargs.get("dim", -1), 5, kwargs.get("subsample_size", 5))
+    for name in ("a", "b"):
+        assert tr[name].cond_indep_stack == (frame,)
+        assert tr[name].value.shape == (frame.subsample_size,) + (1,) * (-frame.dim - 1)
+        assert tr[name].scale == (None if frame.subsample_size == 5 else 2.5)
+
+
+def test_a_markov_entered_again_while_active_is_its_next_step():
+    """Unlike a plate, a ``markov`` is meant to be re-entered (Pyro's ReentrantMessenger):
+    each entry is one step deeper; it is on the handler stack once."""
+    m = pt.markov(history=1)
+    with trace() as tr, seed(rng_seed=0):
+        with m:
+            pt.sample("a", dist.Normal(0.0, 1.0))
+            with m:
+                assert get_stack().count(m) == 1
+                pt.sample("b", dist.Normal(0.0, 1.0))
+        with m:  # and entered again after it exits
+            pt.sample("c", dist.Normal(0.0, 1.0))
+    assert [tr[name].extra["markov"][0][1:] for name in "abc"] == [(1, 1), (2, 1), (1, 1)]
+    assert get_stack() == [] and m.depth == 0
+
+
 def test_plate_reused_twice_with_subsample_uses_the_same_indices():
     def model():
         p = pt.plate("data", 10, subsample_size=3)
@@ -779,3 +830,103 @@ def test_given_indices_select_rows_unless_they_are_every_row_in_order():
     assert pt.plate("p", 3, subsample=torch.tensor([2, 0, 1])).selects_rows
     assert pt.plate("p", 3, subsample=torch.tensor([1])).selects_rows
     assert not pt.plate("p", 3, subsample=torch.arange(3)).selects_rows
+
+
+# -- plate(..., subsample=) as a list, tuple or numpy array, as Pyro takes it -----------
+_AS_GIVEN = {
+    "list": list,
+    "tuple": tuple,
+    "numpy_int64": lambda rows: np.array(rows, dtype=np.int64),
+    "numpy_int32": lambda rows: np.array(rows, dtype=np.int32),
+}
+
+
+def _rows_model(idx):
+    with pt.plate("rows", 10, subsample=idx) as rows:
+        z = pt.sample("z", dist.Normal(0.0, 1.0))
+        pt.sample("y", dist.Normal(z, 1.0), obs=pt.subsample(torch.arange(10.0), event_dim=0))
+        return rows
+
+
+@pytest.mark.parametrize("kind", list(_AS_GIVEN))
+def test_a_plates_indices_given_as_a_list_or_numpy_array_act_as_a_tensors(kind):
+    """Pyro converts them with ``torch.as_tensor``; here they become the ``torch.long``
+    tensor the plate returns, and every use of the indices matches the tensor's."""
+    as_given, rows = _AS_GIVEN[kind], [4, 0, 7]
+    x = torch.arange(30.0).reshape(10, 3)
+    given = pt.plate("rows", 10, subsample=as_given(rows))
+    with given as idx:
+        assert idx.dtype == torch.long and torch.equal(idx, torch.tensor(rows))
+        torch.testing.assert_close(pt.subsample(x, event_dim=1), x[rows])
+    assert given.selects_rows and given.subsample_size == 3
+    assert pt.handlers.equal_indices(given.indices, torch.tensor(rows))
+    by_tensor = trace(seed(_rows_model, 0)).get_trace(torch.tensor(rows))
+    by_given = trace(seed(_rows_model, 0)).get_trace(as_given(rows))
+    assert torch.equal(by_given["rows"].value, by_tensor["rows"].value)
+    assert by_given["rows"].extra["indices_given"]
+    for name in ("z", "y"):
+        assert by_given[name].scale == by_tensor[name].scale == pytest.approx(10 / 3)
+        assert by_given[name].cond_indep_stack == by_tensor[name].cond_indep_stack
+        assert by_given[name].extra["subsample_given"] == ("rows",)
+        torch.testing.assert_close(by_given[name].value, by_tensor[name].value)
+    torch.testing.assert_close(by_given.log_prob_sum(), by_tensor.log_prob_sum())
+    # the given-indices checks compare them as tensors: a guide's tensor indices replayed
+    # into a model given the same rows as a list are accepted, other rows refused
+    replayed = trace(replay(_rows_model, trace=by_tensor)).get_trace(as_given(rows))
+    torch.testing.assert_close(replayed["z"].value, by_tensor["z"].value)
+    with pytest.raises(ValueError, match=r"plate 'rows': the model gives it subsample indices "
+                       r"of shape \(3,\) \(\[4, 0, 8\]\), but .* \(\[4, 0, 7\]\)"):  # fmt: skip
+        trace(replay(_rows_model, trace=by_tensor)).get_trace(as_given([4, 0, 8]))
+    assert list(pt.plate("s", 3, subsample=as_given([2, 0, 1]))) == [2, 0, 1]  # iterated
+    assert not pt.plate("p", 3, subsample=as_given([0, 1, 2])).selects_rows
+
+
+def test_indices_given_as_a_list_or_numpy_array_are_refused_as_a_tensors_are():
+    must = r"plate 'n': subsample must be a 1-d tensor of integer indices \(not a boolean mask"
+    refused = [
+        ([0.5, 1.0], must + r".*got list converted to a tensor of shape \(2,\) and dtype "
+         r"torch.float32"),
+        (np.array([1.0, 2.0]), must + r".*got ndarray converted .* dtype torch.float64"),
+        ([True, False], must + r".*got list converted .* dtype torch.bool"),
+        (np.array([True, False]), must + r".*dtype torch.bool"),
+        ([[1, 2]], must + r".*got list converted to a tensor of shape \(1, 2\)"),
+        ([1, "a"], must + r".*got list$"),
+        ([], r"plate 'n': subsample has no indices"),
+        (np.array([], dtype=np.int64), r"plate 'n': subsample has no indices"),
+        ([0, 40], r"plate 'n': subsample indices must lie in \[0, size=40\), got \[0, 40\]"),
+        (np.array([-1, 2]), r"plate 'n': subsample indices must lie in \[0, size=40\)"),
+    ]  # fmt: skip
+    for indices, message in refused:
+        with pytest.raises(ValueError, match=message):
+            pt.plate("n", 40, subsample=indices)
+    with pytest.raises(ValueError, match="plate 'n': subsample_size=3 but subsample has 2"):
+        pt.plate("n", 40, subsample_size=3, subsample=[0, 1])
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_svi_with_an_autoguide_takes_a_list_subsample_as_the_tensor(compile):
+    """A model and an AutoNormal (``create_plates``) given the minibatch as a list: the
+    same losses and params as given the tensor. (A numpy array argument runs eagerly only:
+    a compiled step given one fails in Dynamo's guards, whatever the model does with it.)"""
+    from probtorch.inference import SVI, Trace_ELBO
+    from probtorch.inference.autoguide import AutoNormal
+
+    y = torch.arange(8.0)
+
+    def model(y, idx):
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        with pt.plate("data", 8, subsample=idx) as rows:
+            z = pt.sample("z", dist.Normal(mu, 10.0))
+            pt.sample("y", dist.Normal(z, 0.1), obs=y[rows])
+
+    batches = [[5, 2, 7], [0, 6, 1]]
+    runs = {}
+    kinds = {"tensor": torch.tensor, "list": list} | ({} if compile else {"numpy": np.array})
+    for kind, as_given in kinds.items():
+        guide = AutoNormal(model, create_plates=lambda y, idx: pt.plate("data", 8, subsample=idx))
+        svi = SVI(model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=compile, seed=0)
+        losses = [svi.step(y, as_given(batch)) for batch in batches]
+        runs[kind] = losses, svi.get_params()
+    for kind in set(kinds) - {"tensor"}:
+        assert runs[kind][0] == pytest.approx(runs["tensor"][0], rel=1e-12)
+        torch.testing.assert_close(runs[kind][1], runs["tensor"][1], rtol=0, atol=0)

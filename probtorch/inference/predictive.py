@@ -633,7 +633,8 @@ def log_likelihood(
     or another sampler's. ``posterior_samples`` hold a value per latent site (constrained,
     with ``batch_ndims`` leading dims: 1 for ``(draws,)``, 2 for ``(chains, draws)``);
     other entries (deterministic sites) are ignored. ``params`` are substituted into
-    ``pt.param`` sites of the model.
+    ``pt.param`` sites of the model. The result carries no autograd history (the model's
+    params require grad), as ``MCMC.to_inference_data``'s.
 
     Example::
 
@@ -677,8 +678,11 @@ def log_likelihood(
                 f"needs {batch + tuple(site.shape)}"
             )
         flat[site.name] = value.reshape((num,) + tuple(site.shape)).to(potential.dtype)
-    if not flat:  # every latent site is summed out: one evaluation serves every draw
-        one = potential.log_likelihood({})
-        return {k: v[0].expand(batch + tuple(v.shape[1:])).clone() for k, v in one.items()}
-    out = potential.log_likelihood(flat)
+    # Without autograd history, as MCMC.to_inference_data exports it: the model's params
+    # (pt.param, pt.module) require grad, and the result is data for ArviZ (``.numpy()``).
+    with torch.no_grad():
+        if not flat:  # every latent site is summed out: one evaluation serves every draw
+            one = potential.log_likelihood({})
+            return {k: v[0].expand(batch + tuple(v.shape[1:])).clone() for k, v in one.items()}
+        out = potential.log_likelihood(flat)
     return {name: value.reshape(batch + tuple(value.shape[1:])) for name, value in out.items()}
