@@ -5,6 +5,7 @@ import functools
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch.optim.lr_scheduler import ExponentialLR
@@ -105,6 +106,40 @@ def test_compiled_step_has_no_graph_breaks_no_recompiles_and_eager_losses():
     for name in r2.params:
         torch.testing.assert_close(r2.params[name], e2.params[name], rtol=1e-10, atol=1e-10)
     assert not torch.equal(r1.params["w_loc"], r2.params["w_loc"])
+
+
+def test_numpy_arrays_as_arguments_of_a_compiled_step_and_run():
+    """NumPyro users pass numpy arrays: the compiled step and run take them (as tensors
+    sharing their memory; Dynamo's own conversion failed on its guard under the step's
+    gradient transform, "Guard failed on the same frame it was created") with eager's
+    losses; eager steps pass the arrays to the model as they are."""
+    from probtorch.inference.svi import _numpy_as_tensors
+
+    x, y = (t.numpy() for t in _regression_data())
+    read_only = y.copy()
+    read_only.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns of a read-only array's tensor: copied
+        (converted,), _ = _numpy_as_tensors((read_only,), {})
+    assert np.array_equal(converted.numpy(), y)
+    seen = []
+
+    def model(x, y):
+        seen.append(type(x))
+        regression_model(torch.as_tensor(x), torch.as_tensor(y))
+
+    def make(compile):
+        optim = pt.optim.Adam(lr=0.05)
+        return SVI(model, regression_guide, optim, Trace_ELBO(), compile=compile, seed=5)
+
+    compiled, eager = make(True), make(False)
+    with count_compiles() as stats:
+        losses = [compiled.step(x, y), *compiled.run(3, x, y, progress_bar=False).losses]
+    assert stats.graph_breaks == 0
+    assert seen[-1] is torch.Tensor  # (set-up traces the model eagerly, with the arrays)
+    expected = [eager.step(x, y), *eager.run(3, x, y, progress_bar=False).losses]
+    assert seen[-1] is np.ndarray
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-10, atol=0)
 
 
 def test_compiled_step_is_cached_by_inductor():

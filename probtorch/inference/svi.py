@@ -54,6 +54,7 @@ import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch.distributions import constraints
 
@@ -439,6 +440,29 @@ class _ShapeKeyedBlock:
 
 
 _MANY_SHAPES = 8
+
+
+def _numpy_as_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The step's arguments with their numeric numpy arrays as tensors (sharing memory; a
+    read-only array copied), for the compiled step: Dynamo converts a numpy input itself,
+    but under the step's gradient transform its guard on the converted tensor fails on the
+    frame that made it (torch 2.13: "Guard failed on the same frame it was created ...
+    dispatch key set mismatch"). Eager steps take the arrays as they are.
+
+    >>> import numpy as np
+    >>> args, kwargs = _numpy_as_tensors((np.ones(2), 3.0), {"y": np.arange(2)})
+    >>> args, kwargs
+    ((tensor([1., 1.], dtype=torch.float64), 3.0), {'y': tensor([0, 1])})
+    """
+
+    def convert(x):
+        if not isinstance(x, np.ndarray) or x.dtype.kind not in "biufc":
+            return x
+        return torch.from_numpy(x if x.flags.writeable else x.copy())
+
+    if not any(isinstance(x, np.ndarray) for x in (*args, *kwargs.values())):
+        return args, kwargs
+    return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
 
 
 def _shape_key(x) -> tuple:
@@ -917,6 +941,8 @@ class SVI:
         matrix used only in matrix-vector products is passed with its longer dimension
         contiguous. Chosen from one eager evaluation of the loss, the first time; then once
         per run (or step)."""
+        if self.compiled:
+            args, kwargs = _numpy_as_tensors(args, kwargs)
         if self._data_layout is None:
 
             def loss(*a, **k):
