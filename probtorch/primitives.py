@@ -490,7 +490,17 @@ class plate(Messenger):
         return self.subsample_size < self.size or self._given
 
     def _allocate_dim(self) -> int:
-        used = {h.dim for h in get_stack() if isinstance(h, plate) and h is not self}
+        enclosing = [h for h in get_stack() if isinstance(h, plate) and h is not self]
+        for other in enclosing:
+            if other.name == self.name:
+                raise ValueError(
+                    f"plate {self.name!r} is entered inside another plate named "
+                    f"{self.name!r} (size {other.size}, dim {other.dim}): one name would "
+                    f"stand for two batch dims, and guides, traces and ArviZ dims find a "
+                    f"plate by its name. Give the inner plate another name (Pyro refuses "
+                    f"this too: duplicate plate)"
+                )
+        used = {h.dim for h in enclosing}
         if self._user_dim is not None:
             if self._user_dim in used:
                 raise ValueError(

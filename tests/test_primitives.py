@@ -930,3 +930,18 @@ def test_svi_with_an_autoguide_takes_a_list_subsample_as_the_tensor(compile):
     for kind in set(kinds) - {"tensor"}:
         assert runs[kind][0] == pytest.approx(runs["tensor"][0], rel=1e-12)
         torch.testing.assert_close(runs[kind][1], runs["tensor"][1], rtol=0, atol=0)
+
+
+def test_a_plate_inside_another_plate_of_the_same_name_is_refused():
+    """Two plate objects of one name, one inside the other: one name for two batch dims
+    (Pyro refuses it as a duplicate plate); one after the other they are fine."""
+    refused = r"plate 'data' is entered inside another plate named 'data' \(size 5, dim -1\)"
+    with pytest.raises(ValueError, match=refused + r".*another name.*duplicate plate"):
+        with pt.plate("data", 5):
+            with pt.plate("data", 5):
+                pass
+    assert get_stack() == []
+    with pt.plate("data", 5):
+        pass
+    with pt.plate("data", 5) as rows:
+        assert rows.shape == (5,)

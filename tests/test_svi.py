@@ -142,6 +142,27 @@ def test_numpy_arrays_as_arguments_of_a_compiled_step_and_run():
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-10, atol=0)
 
 
+def test_the_many_graphs_warning_tells_new_shapes_from_new_values():
+    """Past _MANY_SHAPES compiled graphs SVI warns once: for new tensor shapes it advises
+    padding; for new values of non-tensor arguments (a list of minibatch indices, which the
+    compiled step holds as constants), passing them as tensors."""
+    from probtorch.inference.svi import _many_graphs_note, _shape_key
+
+    def keys(*calls):
+        out = []
+        for args in calls:
+            leaves, spec = torch.utils._pytree.tree_flatten(args)
+            out.append((spec, tuple(_shape_key(x) for x in leaves)))
+        return out
+
+    x = torch.zeros(4)
+    values = _many_graphs_note(keys((x, [0, 1]), (x, [2, 3]), (x, [4, 5, 6]), (x, 0.5)))
+    assert "different values of its non-tensor arguments" in values
+    assert "minibatch indices as torch.tensor(idx)" in values
+    shapes = _many_graphs_note(keys((torch.zeros(4), [0]), (torch.zeros(5), [0])))
+    assert "different argument shapes" in shapes and "pad the data" in shapes
+
+
 def test_compiled_step_is_cached_by_inductor():
     # The step is compiled with a decomposition table of probtorch's own; a table that does
     # not pickle made Inductor bypass its FX graph cache, so every process compiled again.

@@ -412,12 +412,7 @@ class _ShapeKeyedBlock:
             )
             self.compiled[key] = compiled
             if len(self.compiled) == _MANY_SHAPES + 1:
-                warn_at_caller(
-                    f"SVI.step has been compiled for {len(self.compiled)} different argument "
-                    f"shapes, and each new shape compiles again (seconds each): pad the data "
-                    f"to a few batch sizes (or use drop_last=True in a DataLoader), or run "
-                    f"SVI(..., compile=False)"
-                )
+                warn_at_caller(_many_graphs_note(list(self.compiled)))
         try:
             return compiled(*args)
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
@@ -440,6 +435,26 @@ class _ShapeKeyedBlock:
 
 
 _MANY_SHAPES = 8
+
+
+def _many_graphs_note(keys: list) -> str:
+    """The warning once the step has been compiled for :data:`_MANY_SHAPES` + 1 argument
+    keys (:func:`_shape_key`): new tensor shapes, or new values of other arguments, which
+    the compiled step holds as constants (a Python list of minibatch indices, say)."""
+    tensor_keys = {tuple(k for k in key if k and k[0] != "value") for _, key in keys}
+    if len(tensor_keys) > 1:
+        return (
+            f"SVI.step has been compiled for {len(keys)} different argument shapes, and each "
+            f"new shape compiles again (seconds each): pad the data to a few batch sizes (or "
+            f"use drop_last=True in a DataLoader), or run SVI(..., compile=False)"
+        )
+    return (
+        f"SVI.step has been compiled for {len(keys)} different values of its non-tensor "
+        f"arguments (numbers, lists, tuples), which the compiled step holds as constants, and "
+        f"each new value compiles again (seconds each): pass values that change from step "
+        f"to step as tensors (minibatch indices as torch.tensor(idx)), or run "
+        f"SVI(..., compile=False)"
+    )
 
 
 def _numpy_as_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -474,7 +489,7 @@ def _shape_key(x) -> tuple:
         hash(x)
     except TypeError:
         return (type(x),)
-    return (type(x), x)
+    return ("value", type(x), x)
 
 
 def _eager_note(error: Exception) -> str:
