@@ -357,7 +357,9 @@ def _given_subsample(name: str, size: int, indices, subsample_size) -> tuple[tor
         not isinstance(indices, torch.Tensor)
         or indices.dim() != 1
         or indices.is_floating_point()
-        or indices.dtype == torch.bool
+        # torch indexes by a uint8 tensor as by a mask (a numpy uint8 array, which numpy
+        # reads as indices, was converted to long above)
+        or indices.dtype in (torch.bool, torch.uint8)
     ):
         kind = "a tensor" if given is indices else f"{type(given).__name__} converted to a tensor"
         what = (

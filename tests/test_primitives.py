@@ -888,6 +888,7 @@ def test_indices_given_as_a_list_or_numpy_array_are_refused_as_a_tensors_are():
          r"torch.float32"),
         (np.array([1.0, 2.0]), must + r".*got ndarray converted .* dtype torch.float64"),
         ([True, False], must + r".*got list converted .* dtype torch.bool"),
+        (torch.tensor([1, 0], dtype=torch.uint8), must + r".*got a tensor .* dtype torch.uint8"),
         (np.array([True, False]), must + r".*dtype torch.bool"),
         ([[1, 2]], must + r".*got list converted to a tensor of shape \(1, 2\)"),
         ([1, "a"], must + r".*got list$"),
@@ -905,9 +906,8 @@ def test_indices_given_as_a_list_or_numpy_array_are_refused_as_a_tensors_are():
 
 @pytest.mark.parametrize("compile", [False, True])
 def test_svi_with_an_autoguide_takes_a_list_subsample_as_the_tensor(compile):
-    """A model and an AutoNormal (``create_plates``) given the minibatch as a list: the
-    same losses and params as given the tensor. (A numpy array argument runs eagerly only:
-    a compiled step given one fails in Dynamo's guards, whatever the model does with it.)"""
+    """A model and an AutoNormal (``create_plates``) given the minibatch as a list or a
+    numpy array: the same losses and params as given the tensor."""
     from probtorch.inference import SVI, Trace_ELBO
     from probtorch.inference.autoguide import AutoNormal
 
@@ -921,7 +921,7 @@ def test_svi_with_an_autoguide_takes_a_list_subsample_as_the_tensor(compile):
 
     batches = [[5, 2, 7], [0, 6, 1]]
     runs = {}
-    kinds = {"tensor": torch.tensor, "list": list} | ({} if compile else {"numpy": np.array})
+    kinds = {"tensor": torch.tensor, "list": list, "numpy": np.array}
     for kind, as_given in kinds.items():
         guide = AutoNormal(model, create_plates=lambda y, idx: pt.plate("data", 8, subsample=idx))
         svi = SVI(model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=compile, seed=0)
