@@ -80,21 +80,66 @@ def test_potential_is_nan_for_a_non_positive_definite_covariance(compiled):
         torch.testing.assert_close(grad[[0, 2]], eager_grad[[0, 2]])
 
 
-def test_eager_evaluations_take_the_guard_from_the_first_failed_factorization_on():
-    """Eagerly the guard's per-operation cost is saved until a factorization fails; the
-    failing evaluation runs again under it, and every later one: the values and gradients
-    are those of evaluations that were guarded throughout."""
+def test_eager_evaluations_of_a_model_that_factorizes_stay_guarded():
+    """The first eager evaluation runs under nan_on_failure and notes that the model
+    factorizes: every later one runs under it, as traced code does, with the values and
+    gradients of evaluations guarded from the start."""
     potential = Potential(correlation_model, (_data(),), compile=False)
     guarded = Potential(correlation_model, (_data(),), compile=False)
-    guarded._linalg_guard.failed = True  # under nan_on_failure from the start
-    good, bad = torch.tensor([[0.0], [-0.5]]), torch.tensor([[0.3], [4.0]])
-    for z, failed in ((good, False), (bad, True), (good, True)):
+    guarded._linalg_guard.guarded = True
+    for z in (torch.tensor([[0.0], [-0.5]]), torch.tensor([[0.3], [4.0]])):
         value, grad = potential.value_and_grad(z)
-        assert potential._linalg_guard.failed is failed
+        assert potential._linalg_guard.guarded is True
         expected_value, expected_grad = guarded.value_and_grad(z)
         torch.testing.assert_close(value, expected_value, rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0, equal_nan=True)
-    assert value.isfinite().all() and potential.value_and_grad(bad)[0][1].isnan()
+    assert value[0].isfinite() and value[1].isnan()
+
+
+def test_a_model_that_catches_a_failed_factorization_keeps_its_chains_apart():
+    """A model that catches LinAlgError itself (jitter added): eagerly, unguarded, one
+    chain's failure raised for the whole vmapped batch and sent every chain into the
+    fallback; guarded, each chain is its own, as compiled (the fallback never runs)."""
+    y = torch.tensor([0.5, -0.3, 1.2, 0.1])
+
+    def jittered(y):
+        rho = pt.sample("rho", dist.Normal(0.0, 1.0))
+        K = torch.eye(4) + rho * (torch.ones(4, 4) - torch.eye(4))
+        try:
+            L = torch.linalg.cholesky(K)
+        except torch.linalg.LinAlgError:
+            L = torch.linalg.cholesky(K + 10 * torch.eye(4))
+        pt.sample("y", dist.MultivariateNormal(torch.zeros(4), scale_tril=L), obs=y)
+
+    potential = Potential(jittered, (y,), compile=False)
+    alone = potential.value_and_grad(torch.tensor([[0.0]]))
+    together = potential.value_and_grad(torch.tensor([[0.0], [3.0]]))
+    torch.testing.assert_close(together[0][:1], alone[0], rtol=0, atol=0)
+    torch.testing.assert_close(together[1][:1], alone[1], rtol=0, atol=0)
+    assert together[0][1].isnan()
+
+
+def test_a_model_that_factorizes_only_later_is_guarded_from_its_first_failure_on():
+    """A model that did not factorize at its first evaluation runs unguarded; where a
+    factorization raises later (another branch), that evaluation runs again under the
+    mode, and every later one."""
+    branch = {"factorize": False}
+
+    def model():
+        rho = pt.sample("rho", dist.Uniform(-1.5, 1.5))
+        if branch["factorize"]:
+            one = torch.ones(())
+            cov = torch.stack([torch.stack([one, rho]), torch.stack([rho, one])])
+            pt.factor("f", torch.linalg.cholesky(cov).diagonal().log().sum())
+
+    potential = Potential(model, compile=False)
+    z = torch.tensor([[0.0], [4.0]])
+    potential.value_and_grad(z)
+    assert potential._linalg_guard.guarded is False
+    branch["factorize"] = True
+    value, _ = potential.value_and_grad(z)
+    assert potential._linalg_guard.guarded is True
+    assert value[0].isfinite() and value[1].isnan()
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ from .enumeration import (
     sum_out,
 )
 from .init_strategies import check_value_names, init_to_uniform, on_latent_sites
-from .safe_linalg import GuardAfterFailure, nan_on_failure, traced
+from .safe_linalg import FactorizationGuard, nan_on_failure, traced
 from .uncompilable import eager_fallback_note, raised_at
 
 __all__ = ["LatentSite", "Potential", "initialize_model", "pack_init_params", "InitializationError"]
@@ -420,9 +420,9 @@ class Potential:
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self.compiled = compile_enabled(compile)
-        # failed factorizations are NaN (a divergence), not errors; eager evaluations run
-        # without the guard's per-operation cost until one fails
-        self._linalg_guard = GuardAfterFailure()
+        # failed factorizations are NaN (a divergence), not errors; eager evaluations of a
+        # model that does not factorize run without the guard's per-operation cost
+        self._linalg_guard = FactorizationGuard()
         # Latent values come from init_to_uniform, which (unlike a prior draw) also works for
         # improper priors such as ImproperUniform.
         self.prototype_trace = _run_traced_retrying(

@@ -10,10 +10,8 @@ batch elements whose factorization failed. It is a ``TorchFunctionMode``: Dynamo
 through it, so the compiled kernels contain only the ``*_ex`` calls.
 
 Run eagerly, the mode costs a Python call per torch operation (about a fifth of a small
-model's eager, vmapped gradient). :class:`GuardAfterFailure` therefore runs eager code
-without it until a factorization raises, then runs that evaluation again under the mode,
-and every later one: the same values, since a factorization that succeeds gives the same
-result either way.
+model's eager, vmapped gradient). :class:`FactorizationGuard` therefore runs eager code
+that does not factorize without it.
 
 Example::
 
@@ -30,7 +28,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["GuardAfterFailure", "nan_on_failure", "traced"]
+__all__ = ["FactorizationGuard", "nan_on_failure", "traced"]
 
 
 def _nan_where(info: torch.Tensor, out: torch.Tensor, matrix_dims: int) -> torch.Tensor:
@@ -78,35 +76,58 @@ class nan_on_failure(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _nan_on_failure_noting(nan_on_failure):
+    """:class:`nan_on_failure` that notes whether a factorization was called (eager use
+    only: compiled code enters the plain mode)."""
+
+    factorized = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _REPLACEMENTS:
+            self.factorized = True
+        return super().__torch_function__(func, types, args, kwargs)
+
+
 def traced() -> bool:
     """Whether ``torch.compile`` (Dynamo) or ``make_fx`` is capturing the running code."""
     return torch.compiler.is_compiling() or get_proxy_mode() is not None
 
 
-class GuardAfterFailure:
-    """Calls ``run()`` under :class:`nan_on_failure` where it is being traced (the graph
-    must hold the ``*_ex`` calls) or once a factorization has raised in an eager call;
-    otherwise eagerly without it, running it again under the mode where a factorization
-    raises. ``run`` must start afresh on each call (no state left from a failed one).
+class FactorizationGuard:
+    """Calls ``run()`` under :class:`nan_on_failure` where it is traced (the graph must
+    hold the ``*_ex`` calls) and, eagerly, for a function that factorizes: its first eager
+    call runs under the mode and finds out. A function that did not factorize then runs
+    without the mode; should a factorization raise after all (another branch), that call
+    runs again under it, and every later one. ``run`` must start afresh on each call.
 
-    >>> guard = GuardAfterFailure()
-    >>> guard(lambda: torch.linalg.cholesky(torch.eye(2)).sum().item()), guard.failed
+    Why not run every function unguarded until a factorization raises: under ``vmap`` one
+    chain's failure raises for the whole batch, and a model that catches
+    ``LinAlgError`` itself (adding jitter) would take its fallback for every chain.
+
+    >>> guard = FactorizationGuard()
+    >>> guard(lambda: torch.ones(2).sum().item()), guard.guarded
     (2.0, False)
     >>> bad = torch.tensor([[1.0, 2.0], [2.0, 1.0]])
-    >>> guard(lambda: torch.linalg.cholesky(bad).isnan().all().item()), guard.failed
+    >>> guard(lambda: torch.linalg.cholesky(bad).isnan().all().item()), guard.guarded
     (True, True)
     """
 
     def __init__(self) -> None:
-        self.failed = False
+        self.guarded: bool | None = None  # unknown until the first eager call
 
     def __call__(self, run):
-        if traced() or self.failed:
+        if traced() or self.guarded:
             with nan_on_failure():
                 return run()
+        if self.guarded is None:
+            mode = _nan_on_failure_noting()
+            with mode:
+                result = run()
+            self.guarded = mode.factorized
+            return result
         try:
             return run()
         except torch.linalg.LinAlgError:
-            self.failed = True
+            self.guarded = True
             with nan_on_failure():
                 return run()
