@@ -284,13 +284,13 @@ class seed(Messenger):
         self._saved: list = []
 
     def __enter__(self):
-        self._refuse_reentry()  # before the generator's state is saved and reseeded
+        super().__enter__()  # refuses re-entry before the generator's state is saved
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._saved.append(
             (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
         )
         torch.manual_seed(self.rng_seed)
-        return super().__enter__()
+        return self
 
     def __exit__(self, *exc):
         cpu_state, cuda_state = self._saved.pop()

@@ -492,15 +492,18 @@ class plate(Messenger):
         return self.subsample_size < self.size or self._given
 
     def _allocate_dim(self) -> int:
-        enclosing = [h for h in get_stack() if isinstance(h, plate) and h is not self]
+        enclosing = [h for h in get_stack() if isinstance(h, plate)]
         for other in enclosing:
             if other.name == self.name:
+                again = "the same plate entered again" if other is self else "another plate"
                 raise ValueError(
-                    f"plate {self.name!r} is entered inside another plate named "
-                    f"{self.name!r} (size {other.size}, dim {other.dim}): one name would "
-                    f"stand for two batch dims, and guides, traces and ArviZ dims find a "
-                    f"plate by its name. Give the inner plate another name (Pyro refuses "
-                    f"this too: duplicate plate)"
+                    f"plate {self.name!r} is entered while a plate named {self.name!r} "
+                    f"(size {other.size}, dim {other.dim}) is active ({again}; `with p: "
+                    f"with p:`, or a function run inside the plate that enters it): one name "
+                    f"would stand for two batch dims, a subsample's sites would be scaled "
+                    f"twice, and guides, traces and ArviZ dims find a plate by its name. "
+                    f"Enter a plate once, and give a plate inside it another name (Pyro "
+                    f"refuses this too: duplicate plate)"
                 )
         used = {h.dim for h in enclosing}
         if self._user_dim is not None:
@@ -516,19 +519,9 @@ class plate(Messenger):
         return dim
 
     def __enter__(self):
-        self._refuse_reentry()  # before its dim is allocated again
-        self.dim = self._allocate_dim()
+        self.dim = self._allocate_dim()  # refuses a plate of its name already active
         super().__enter__()
         return self.indices
-
-    def _reentry_message(self) -> str:
-        return (
-            f"plate {self.name!r} is entered again while it is active (`with p: with p:`, or "
-            f"a function run inside p that enters p): its sites would be broadcast along it "
-            f"twice, scaled twice where it subsamples, and the inner block's exit would end "
-            f"the plate for the rest of the outer one. The inner block is in the plate "
-            f"already: enter it once (Pyro refuses this too, as a duplicate plate)"
-        )
 
     def __exit__(self, *exc):
         self.dim = self._user_dim
