@@ -376,6 +376,13 @@ class Scheduler(Optimizer):
         self._dummy_param = torch.zeros(1, requires_grad=True)
         self._torch_optimizer = optimizer([self._dummy_param])
         self._torch_scheduler = scheduler_class(self._torch_optimizer, **scheduler_kwargs)
+        if getattr(self._torch_scheduler, "cycle_momentum", False):
+            raise ValueError(
+                f"scheduler {scheduler_class.__name__} cycles the optimizer's momentum "
+                f"(cycle_momentum=True, its default), but SVI passes only the schedule's "
+                f"learning rate to {type(optimizer).__name__}'s update: its momentum (betas "
+                f"or momentum) would stay fixed, unlike torch's. Pass cycle_momentum=False"
+            )
         self._plateau = isinstance(
             self._torch_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
         )

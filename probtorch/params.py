@@ -299,6 +299,31 @@ _DEFAULT_STORE = ParamStore()
 # The stores of the SVI objects alive (``svi.param_store``), for the default store's hints
 # to a Pyro user who looks for fitted params there (Pyro keeps one global store).
 _SVI_STORES: weakref.WeakSet[ParamStore] = weakref.WeakSet()
+# The store of the last SVI that fitted (stepped, ran or evaluated) each model and guide, so
+# that Predictive reads their fitted params outside SVI, as an autoguide does.
+_FITTED_BY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def note_fitted(fn: Callable, store: ParamStore) -> None:
+    """Note that ``store`` holds the params an SVI fits for ``fn`` (a model or guide)."""
+    try:
+        _FITTED_BY[fn] = store
+    except TypeError:  # a callable without weak references: Predictive reads the active store
+        pass
+
+
+def fitted_store_of(fn: Callable) -> ParamStore | None:
+    """The store of the last SVI that fitted ``fn``, or None.
+
+    Example::
+
+        >>> fitted_store_of(lambda: None) is None
+        True
+    """
+    try:
+        return _FITTED_BY.get(fn)
+    except TypeError:
+        return None
 
 
 def get_param_store() -> ParamStore:

@@ -4,9 +4,16 @@ step; factories build torch optimizers; schedules follow torch's schedulers."""
 import pytest
 import torch
 from pyro.optim.clipped_adam import ClippedAdam as PyroClippedAdam
-from torch.optim.lr_scheduler import ExponentialLR, ReduceLROnPlateau, StepLR
+from torch.optim.lr_scheduler import (
+    CyclicLR,
+    ExponentialLR,
+    OneCycleLR,
+    ReduceLROnPlateau,
+    StepLR,
+)
 
 import probtorch as pt
+import probtorch.distributions as dist
 
 CASES = [
     (pt.optim.Adam, {"lr": 0.1}),
@@ -100,3 +107,54 @@ def test_step_lr_and_plateau():
 def test_scheduler_needs_a_probtorch_optimizer():
     with pytest.raises(TypeError, match="probtorch optimizer"):
         pt.optim.scheduler(StepLR, torch.optim.Adam, step_size=1)
+
+
+def test_plateau_schedule_follows_the_losses_of_a_loop_of_steps_as_of_a_run():
+    """ReduceLROnPlateau heard the losses of ``svi.run`` only: under Pyro's loop of
+    ``svi.step`` its learning rate never changed (0.1 after 50 steps on a flat loss)."""
+    from probtorch.inference import SVI, Trace_ELBO
+
+    def model():
+        pt.sample("z", dist.Normal(0.0, 1.0))
+
+    def guide():  # the loss is flat in m, up to its noise: a plateau
+        pt.sample("z", dist.Normal(pt.param("m", torch.tensor(0.0)), 1.0))
+
+    lrs, losses = {}, {}
+    for how in ("run", "step"):
+        opt = pt.optim.scheduler(ReduceLROnPlateau, pt.optim.Adam(lr=0.1), patience=2, factor=0.5)
+        svi = SVI(model, guide, opt, Trace_ELBO(), compile=False, seed=0)
+        if how == "run":
+            losses[how] = svi.run(50, progress_bar=False).losses.tolist()
+        else:
+            losses[how] = [svi.step() for _ in range(50)]
+        lrs[how] = opt.lr
+    assert losses["step"] == pytest.approx(losses["run"], rel=1e-12)
+    assert lrs["step"] == lrs["run"] < 0.01
+
+
+@pytest.mark.parametrize(
+    ("scheduler_class", "kwargs"),
+    [
+        (OneCycleLR, {"max_lr": 0.1, "total_steps": 10}),
+        (CyclicLR, {"base_lr": 0.01, "max_lr": 0.1}),
+    ],
+)
+def test_a_schedule_that_cycles_momentum_is_refused(scheduler_class, kwargs):
+    """OneCycleLR and CyclicLR cycle the momentum by default; SVI's update took only the
+    learning rate, so the momentum silently stayed fixed (parameters 0.5 to 1.4 off
+    torch's after a few steps). With cycle_momentum=False they follow torch."""
+    optimizer = pt.optim.SGD(lr=0.1, momentum=0.9)
+    name = scheduler_class.__name__
+    with pytest.raises(ValueError, match=rf"scheduler {name} cycles the optimizer's momentum"
+                       r".*SGD's update.*Pass cycle_momentum=False"):  # fmt: skip
+        pt.optim.scheduler(scheduler_class, optimizer, **kwargs)
+    fixed = pt.optim.scheduler(scheduler_class, optimizer, cycle_momentum=False, **kwargs)
+    torch_optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1, momentum=0.9)
+    torch_scheduler = scheduler_class(torch_optimizer, cycle_momentum=False, **kwargs)
+    expected = []
+    for _ in range(6):
+        expected.append(torch_optimizer.param_groups[0]["lr"])
+        torch_optimizer.step()
+        torch_scheduler.step()
+    assert fixed.learning_rates(6) == pytest.approx(expected, rel=1e-12)

@@ -563,3 +563,53 @@ def test_log_likelihood_carries_no_autograd_history_of_the_models_params():
     terms = torch.stack([math.log(0.7) + dist.Normal(0.0, 1.0).log_prob(y),
                          math.log(0.3) + dist.Normal(2.0, 1.0).log_prob(y)])  # fmt: skip
     torch.testing.assert_close(ll, torch.logsumexp(terms, 0).expand(2, 3))
+
+
+def _sigma_model(x, y=None):
+    """A model with a param of its own (Pyro's point-estimated noise scale)."""
+    sigma = pt.param("sigma", torch.tensor(1.0), constraint=dist.constraints.positive)
+    w = pt.sample("w", dist.Normal(0.0, 10.0))
+    with pt.plate("n", x.shape[0]):
+        pt.sample("y", dist.Normal(w * x, sigma), obs=y)
+
+
+def _hand_guide(x, y=None):
+    loc = pt.param("loc", torch.tensor(0.0))
+    scale = pt.param("scale", torch.tensor(1.0), constraint=dist.constraints.positive)
+    pt.sample("w", dist.Normal(loc, scale))
+
+
+def test_predictive_after_svi_steps_reads_what_the_svi_fitted():
+    """Pyro's workflow: a loop of ``svi.step``, then ``Predictive(model, guide=guide)``
+    with no params. Predictive read the default store, where a hand-written guide's and a
+    model's ``pt.param`` were created at their initial values: the predictions silently
+    used loc 0 and sigma 1 (fitted: about 2 and 5). It reads the params of the SVI that
+    fitted the guide or the model, as ``params=svi.get_params()`` gives them; inside
+    ``pt.param_scope(store)`` the caller's store."""
+    from probtorch.inference import SVI, Trace_ELBO
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(100, generator=g)
+    y = 2.0 * x + 5.0 * torch.randn(100, generator=g)
+    svi = SVI(_sigma_model, _hand_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
+    for _ in range(300):
+        svi.step(x, y)
+    fitted = svi.get_params()
+    assert abs(float(fitted["loc"]) - 2.0) < 1.5 and float(fitted["sigma"]) > 3.0
+
+    def predict(**kwargs):
+        return Predictive(_sigma_model, num_samples=50, return_sites=["w", "y"], **kwargs)(
+            x, seed=1
+        )
+
+    by_hand = predict(guide=_hand_guide, params=fitted)
+    for name, value in predict(guide=_hand_guide).items():
+        assert torch.equal(value, by_hand[name]), name
+    draws = {"w": by_hand["w"]}
+    given = predict(posterior_samples=draws, params=fitted)["y"]
+    assert torch.equal(predict(posterior_samples=draws)["y"], given)  # the model's sigma
+    other = pt.ParamStore()
+    other.setdefault("loc", torch.tensor(-7.0))
+    with pt.param_scope(other):
+        assert abs(float(predict(guide=_hand_guide)["w"].mean()) + 7.0) < 1.0
+    assert "loc" in other and "loc" not in pt.get_param_store()

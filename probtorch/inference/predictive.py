@@ -33,6 +33,7 @@ import torch
 
 from .._caller import warn_at_caller
 from ..handlers import Trace, seed, substitute, trace
+from ..params import fitted_store_of, param_scope
 from ..primitives import deterministic, plate
 from ..runtime import Message, Messenger, get_stack
 from ..validation import num_event_dims
@@ -179,7 +180,10 @@ class Predictive:
         guide: a guide (an autoguide, or any callable drawing the latent sites) to draw
             ``num_samples`` posterior samples from; not together with ``posterior_samples``.
         params: ``{name: constrained value}`` of the guide's (and the model's) params, e.g.
-            SVI's ``result.params``. Without it, params are read from the active store.
+            SVI's ``result.params``. Without it, those of the SVI that last fitted the
+            guide or the model are used, as Pyro's one param store holds
+            them after ``svi.step``; inside ``pt.param_scope(store)``, or where no SVI
+            fitted them, params are read from the active store.
         num_samples: the number of draws; required without ``posterior_samples``.
         return_sites: the sites to return (latent, observed or deterministic; ``"_RETURN"``
             for the model's return value, a tensor, as in Pyro). By default, as in NumPyro,
@@ -272,18 +276,35 @@ class Predictive:
     def __call__(self, *args, seed: int | None = None, **kwargs) -> dict[str, torch.Tensor]:
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
+        params = self._params_of_call()
         with torch.no_grad(), _seed(int(seed)):
-            samples, subsamples = self._posterior_draws(args, kwargs)
-            discrete = self._discrete_draws(samples, args, kwargs, int(seed))
-            out = self._predict({**samples, **discrete}, subsamples, args, kwargs)
+            samples, subsamples = self._posterior_draws(args, kwargs, params)
+            discrete = self._discrete_draws(samples, args, kwargs, int(seed), params)
+            out = self._predict({**samples, **discrete}, subsamples, args, kwargs, params)
             if self.return_sites is None:
                 out = {**discrete, **out}
         return {
             name: value.reshape(self._sample_shape + value.shape[1:]) for name, value in out.items()
         }
 
+    def _params_of_call(self) -> dict | None:
+        """The params this call substitutes: those given, else (where the caller chose no
+        store with ``param_scope``) those of the SVI that last fitted the guide, or the
+        model, as Pyro's one param store would hold them after ``svi.step``; else None (the
+        active store)."""
+        if self.params is not None:
+            return self.params
+        if any(isinstance(h, param_scope) for h in get_stack()):
+            return None
+        store = fitted_store_of(self.guide) if self.guide is not None else None
+        if store is None:
+            store = fitted_store_of(self.model)
+        if store is None:
+            return None
+        return {name: store[name].detach() for name in store}
+
     # -- posterior draws -------------------------------------------------------------
-    def _posterior_draws(self, args, kwargs) -> tuple[dict, dict]:
+    def _posterior_draws(self, args, kwargs, params) -> tuple[dict, dict]:
         """The posterior draws ``{site: (S, ...)}``, and the indices of the guide's
         subsampled plates ``{plate: indices}``, one subsample for every draw, which the
         model's plates then take too (as in SVI, where the model replays the guide's)."""
@@ -298,11 +319,12 @@ class Predictive:
             return {}, {}
         if isinstance(self.guide, AutoGuide):
             self.guide._ensure_prototype(args, kwargs)
+            # (without params given it reads its fitted store itself, as guide.median() does)
             draws = self.guide.sample_posterior(self.num_samples, params=self.params)
-            return self._subsampled(draws, args, kwargs)
+            return self._subsampled(draws, args, kwargs, params)
         guide = self.guide
-        if self.params is not None:
-            guide = substitute(guide, data=self.params)
+        if params is not None:
+            guide = substitute(guide, data=params)
         proto = trace(guide).get_trace(*args, **kwargs)
         indices = _subsample_indices(proto)
         guide = substitute(guide, data=indices)
@@ -310,10 +332,10 @@ class Predictive:
         draws = _run(guide, {}, self.num_samples, proto, names, self.parallel, args, kwargs)
         return draws, indices
 
-    def _subsampled(self, draws: dict, args, kwargs) -> tuple[dict, dict]:
+    def _subsampled(self, draws: dict, args, kwargs, params) -> tuple[dict, dict]:
         """An autoguide's full-size draws cut to the rows of the subsamples this call of the
         model takes (its plates' own or its arguments'), and those plates' indices."""
-        model = self.model if self.params is None else substitute(self.model, data=self.params)
+        model = self.model if params is None else substitute(self.model, data=params)
         rows = _RowsOfSubsample(model, draws)
         rows(*args, **kwargs)
         cut = {}
@@ -323,13 +345,13 @@ class Predictive:
             cut[name] = value
         return cut, rows.indices
 
-    def _discrete_draws(self, samples, args, kwargs, rng_seed) -> dict[str, torch.Tensor]:
+    def _discrete_draws(self, samples, args, kwargs, rng_seed, params) -> dict[str, torch.Tensor]:
         """With ``infer_discrete``: the summed-out discrete sites drawn given each draw."""
         if not self.infer_discrete:
             return {}
         potential = _potential_of_draws(
             self.model,
-            self.params,
+            params,
             args,
             kwargs,
             samples,
@@ -339,13 +361,13 @@ class Predictive:
         return potential.sample_discrete(samples, seed=rng_seed, num_draws=self.num_samples)
 
     # -- the model ---------------------------------------------------------------------
-    def _predict(self, samples, subsamples, args, kwargs) -> dict[str, torch.Tensor]:
+    def _predict(self, samples, subsamples, args, kwargs, params) -> dict[str, torch.Tensor]:
         model = self.model
         if self.return_sites is not None and _RETURN in self.return_sites:
             model = _record_return(model)
         model = _uncondition(model)
-        if self.params is not None:
-            model = substitute(model, data=self.params)
+        if params is not None:
+            model = substitute(model, data=params)
         model = substitute(model, data=subsamples)
         first = {name: value[0] for name, value in samples.items()}
         checked = model  # a guide's draws are shaped by the model's sites

@@ -62,7 +62,7 @@ from .._caller import warn_at_caller
 from ..distributions.constraint_registry import biject_to
 from ..handlers import replay, site_log_prob
 from ..optim import Optimizer
-from ..params import _SVI_STORES, ParamStore, param_scope, same_constraint
+from ..params import _SVI_STORES, ParamStore, note_fitted, param_scope, same_constraint
 from ..runtime import Message, Messenger
 from ..validation import (
     ObservationOutsideSupportError,
@@ -542,6 +542,8 @@ def _fitting_guide(method: Callable) -> Callable:
     @functools.wraps(method)
     def fitting(self, *args, **kwargs):
         guide = self.guide
+        note_fitted(self.model, self.param_store)  # for Predictive: fitted_store_of
+        note_fitted(guide, self.param_store)
         if not hasattr(guide, "fitted_store"):
             return method(self, *args, **kwargs)
         guide.fitted_store = self.param_store
@@ -1196,6 +1198,7 @@ class SVI:
             self._sync_store()
             raise (ObservationOutsideSupportError if data else NonFiniteLossError)(message)
         self._num_steps += 1
+        self.optim.observe(losses)  # ReduceLROnPlateau's step(loss), as in run
         self._sync_store()
         return losses[0]
 
