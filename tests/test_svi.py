@@ -963,3 +963,32 @@ def test_a_model_that_draws_its_own_subsample_takes_the_guides_given_rows():
     with pytest.raises(ValueError, match=r"plate 'data': the model gives it subsample"):
         with pt.handlers.seed(rng_seed=0):
             Trace_ELBO().loss(lambda y, idx: given_model(y, idx.flip(0)), guide, y, idx)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_data_of_another_shape_at_a_later_step_is_an_error_naming_the_site(compile):
+    """The first call's checks see the first data only: a later step or run with an
+    observation of another shape failed with torch's bare ``size of tensor a (7) must match
+    the size of tensor b (5)`` (eager) or Dynamo's fake-tensor error (compiled), naming no
+    site (Pyro: "Error while computing log_prob at site 'y'"). The params are kept."""
+
+    def model(y):
+        w = pt.sample("w", dist.Normal(torch.zeros(5), 1.0).to_event(1))
+        pt.sample("y", dist.Normal(w, 1.0).to_event(1), obs=y)
+
+    from probtorch.inference.autoguide import AutoNormal
+
+    svi = SVI(model, AutoNormal(model), pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=compile)
+    svi.step(torch.randn(5))
+    before = svi.get_params()
+    named = (
+        r"computing the log density of site 'y' \(observed; Independent with batch_shape "
+        r"\(\), event_shape \(5,\); value of shape \(7,\); plates \[\]\) failed"
+    )
+    with pytest.raises(ValueError, match=named):
+        svi.step(torch.randn(7))
+    with pytest.raises(ValueError, match=named):
+        svi.run(3, torch.randn(7), progress_bar=False)
+    for name, value in svi.get_params().items():
+        assert torch.equal(value, before[name]), name
+    svi.step(torch.randn(5))  # the first shape still steps

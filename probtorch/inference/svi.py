@@ -60,7 +60,7 @@ from torch.distributions import constraints
 
 from .._caller import warn_at_caller
 from ..distributions.constraint_registry import biject_to
-from ..handlers import replay, site_log_prob
+from ..handlers import _named_site_log_prob, replay, site_log_prob
 from ..optim import Optimizer
 from ..params import _SVI_STORES, ParamStore, note_fitted, param_scope, same_constraint
 from ..runtime import Message, Messenger
@@ -1143,6 +1143,40 @@ class SVI:
             self._swap_modules(None)
         return guide_rec.trace, model_rec.trace
 
+    @contextlib.contextmanager
+    def _naming_the_site(self, args, kwargs):
+        """Raise an error of a step, where torch's arithmetic raised it (data of another
+        shape than the first call's, which the first call's checks did not see: ``size of
+        tensor a (7) must match ... (5)``, or Dynamo's fake-tensor error while compiling for
+        the new shape), as the error of one eager run with checks that names the site, its
+        distribution and the shapes (Pyro: "Error while computing log_prob at site")."""
+        try:
+            yield
+        except Exception as error:
+            named = self._site_error(args, kwargs)
+            if named is None:
+                raise
+            raise named from error
+
+    def _site_error(self, args, kwargs) -> Exception | None:
+        """The error of the first site whose log density fails in one eager run at the
+        current params (:func:`~probtorch.handlers._named_site_log_prob`), or None."""
+        if not self._initialized:
+            return None
+        try:
+            traces = self._eager_traces(self._flat, args, kwargs)
+        except Exception:  # noqa: BLE001 - diagnosis only: the step's error is raised
+            return None
+        try:
+            with torch.no_grad():
+                for tr in traces:
+                    for site in tr.values():
+                        if site.type == "sample":
+                            _named_site_log_prob(site)
+        except Exception as error:  # noqa: BLE001 - the named error, to raise instead
+            return error
+        return None
+
     def _nonfinite_sites(self, flat, args, kwargs) -> list[str]:
         """Sites with a non-finite log density in one eager run at ``flat``."""
         bad = []
@@ -1189,7 +1223,7 @@ class SVI:
         distribution's support: each call's data are checked, a minibatch too.
         """
         self._ensure_init(args, kwargs)
-        with self._rng():
+        with self._rng(), self._naming_the_site(args, kwargs):
             step = self._run_block(1, 1, *self._laid_out(args, kwargs), in_place=False)
         losses, oks, _ = step
         self._lifted_cache = None
@@ -1246,7 +1280,7 @@ class SVI:
         shows the mean loss, and reads ``SVI (compiling)`` while the first call of the step
         compiles it.
         """
-        with inference_threads():
+        with inference_threads(), self._naming_the_site(args, kwargs):
             return self._run(num_steps, args, progress_bar, init_params, kwargs)
 
     def _run(self, num_steps, args, progress_bar, init_params, kwargs) -> SVIRunResult:
