@@ -33,6 +33,7 @@ from .primitives import (
     sample,
     subsample,
 )
+from .rng import set_rng_seed
 from .runtime import Message, Messenger, apply_stack
 from .validation import enable_validation, is_validation_enabled
 
@@ -68,6 +69,7 @@ __all__ = [
     "get_param_store",
     "param_scope",
     "RandomnessError",
+    "set_rng_seed",
     "enable_validation",
     "is_validation_enabled",
 ]

@@ -899,3 +899,23 @@ def test_scale_error_shows_where_a_tensor_is_not_positive():
 def test_mask_refuses_what_is_not_a_bool_by_name():
     with pytest.raises(TypeError, match=r"mask must be True, False or a bool tensor .* int 0"):
         pt.handlers.mask(mask=0)
+
+
+def test_set_rng_seed_seeds_torch_numpy_and_python_as_pyros():
+    """``pt.set_rng_seed`` (Pyro's ``pyro.set_rng_seed``): the same seed, the same draws of
+    torch, NumPy's global generator and Python's ``random``."""
+    import random
+
+    def draws():
+        return torch.rand(3), np.random.rand(3), random.random()
+
+    pt.set_rng_seed(7)
+    first = draws()
+    pt.set_rng_seed(7)
+    again = draws()
+    assert torch.equal(first[0], again[0])
+    assert np.array_equal(first[1], again[1]) and first[2] == again[2]
+    pt.set_rng_seed(np.int64(8))
+    assert not torch.equal(torch.rand(3), first[0])
+    with pytest.raises(TypeError, match="set_rng_seed takes an integer seed, got 1.5"):
+        pt.set_rng_seed(1.5)
