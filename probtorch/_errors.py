@@ -1,4 +1,4 @@
-"""Errors re-raised with the site's name in their message.
+"""Errors re-raised with the site's name (or a hint) in their message.
 
 Example::
 
@@ -9,7 +9,9 @@ Example::
 
 from __future__ import annotations
 
-__all__ = ["with_message"]
+import numbers
+
+__all__ = ["rng_key_hint", "with_message"]
 
 
 def with_message(
@@ -21,3 +23,25 @@ def with_message(
         return type(error)(message)
     except Exception:  # an exception type whose constructor takes other arguments
         return fallback(message)
+
+
+def rng_key_hint(error: TypeError, args: tuple, call: str, seed_at: str) -> str | None:
+    """What to say where calling the model with ``args`` (by ``call``, e.g.
+    ``"MCMC.run(*args, **kwargs)"``) failed on its positional arguments and the first looks
+    like NumPyro's rng key (an integer, a JAX key), else None; the seed goes to ``seed_at``.
+
+    >>> error = TypeError("model() takes 1 positional argument but 2 were given")
+    >>> rng_key_hint(error, (0, None), "MCMC.run(*args)", "MCMC(seed=)").split(":")[0]
+    "the first argument, 0, looks like NumPyro's rng key"
+    """
+    if not args or "positional argument" not in str(error):
+        return None
+    first = args[0]
+    jax_key = type(first).__module__.startswith(("jax", "jaxlib"))
+    if not (jax_key or (isinstance(first, numbers.Integral) and not isinstance(first, bool))):
+        return None
+    shown = repr(first) if not jax_key else "a JAX key"
+    return (
+        f"the first argument, {shown}, looks like NumPyro's rng key: probtorch's {call} "
+        f"takes the model's arguments only, and the seed goes to {seed_at}"
+    )

@@ -390,6 +390,40 @@ def test_inference_data_dims_are_named_after_plates_and_masked_observations_left
     assert apart.posterior_predictive["y"].shape == (1, 50, 7)
 
 
+def test_dims_given_for_a_sites_whole_value_name_its_log_likelihoods_batch_dims():
+    """ArviZ's ``dims`` name a site's whole value (from_numpyro takes
+    ``{"Y": ["n", "var"]}`` for an (n, 2) MultivariateNormal observation): the pointwise log
+    likelihood, which has no event dim, crashed with ArviZ's "different number of dimensions
+    on data and dims: 3 vs 4". It takes the batch dims of them; a partly masked site's
+    counted entries keep their own dim (the mask shortens them) in place of the given ones."""
+    Y = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
+
+    def model(Y, counted=None):
+        mu = pt.sample("mu", dist.Normal(torch.zeros(2), 5.0).to_event(1))
+        with pt.plate("n", Y.shape[0]):
+            pt.sample("Y", dist.MultivariateNormal(mu, torch.eye(2)), obs=Y, obs_mask=counted)
+
+    coords = {"n": list(range(100, 106)), "var": ["a", "b"]}
+    dims = {"mu": ["var"], "Y": ["n", "var"]}
+    mcmc = _mcmc(model, num_warmup=20, num_samples=10)
+    mcmc.run(Y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ArviZ warned of more dims than the data had
+        idata = mcmc.to_inference_data(coords=coords, dims=dims)
+    assert idata.posterior["mu"].dims == ("chain", "draw", "var")
+    assert idata.observed_data["Y"].dims == ("n", "var")
+    assert list(idata.observed_data["Y"].coords["var"].values) == ["a", "b"]
+    assert idata.log_likelihood["Y"].dims == ("chain", "draw", "n")
+    assert list(idata.log_likelihood["Y"].coords["n"].values) == coords["n"]
+    mcmc.run(Y, torch.arange(6) != 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        masked = mcmc.to_inference_data(coords=coords, dims={**dims, "Y_observed": ["n", "var"]})
+    assert masked.observed_data["Y_observed"].dims == ("Y_observed_counted", "var")
+    assert masked.log_likelihood["Y_observed"].dims == ("chain", "draw", "Y_observed_counted")
+    assert masked.log_likelihood["Y_observed"].shape == (2, 10, 5)
+
+
 def test_torch_distributions_export_and_predict():
     """torch's own distributions have no ``event_dim`` (Pyro's): ``to_inference_data``,
     ``Predictive`` and ``obs_mask`` read it, and failed with an AttributeError."""

@@ -613,3 +613,24 @@ def test_predictive_after_svi_steps_reads_what_the_svi_fitted():
     with pt.param_scope(other):
         assert abs(float(predict(guide=_hand_guide)["w"].mean()) + 7.0) < 1.0
     assert "loc" in other and "loc" not in pt.get_param_store()
+
+
+def test_a_numpyro_rng_key_as_the_first_argument_of_a_call_is_explained():
+    """NumPyro's ``Predictive(model, samples)(rng_key, *args)``: the key became the model's
+    first argument and the model's bare TypeError followed; ``MCMC.run`` explained it."""
+
+    def one_arg(n):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        with pt.plate("data", n):
+            pt.sample("y", dist.Normal(mu, 1.0))
+
+    predictive = Predictive(one_arg, {"mu": torch.zeros(4)})
+    with pytest.raises(TypeError, match=r"takes 1 positional argument but 2 were given \(the "
+                       r"first argument, 0, looks like NumPyro's rng key: probtorch's "
+                       r"Predictive\(\.\.\.\)\(\*args, \*\*kwargs\) takes the model's "
+                       r"arguments only, and the seed goes to its seed= argument\)"):  # fmt: skip
+        predictive(0, 3)
+    with pytest.raises(TypeError, match="positional argument") as caught:
+        predictive(3.0, 3)  # no key-like first argument: the model's own error
+    assert "rng key" not in str(caught.value)
+    assert predictive(3, seed=0)["y"].shape == (4, 3)

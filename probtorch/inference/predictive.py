@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .._caller import warn_at_caller
+from .._errors import rng_key_hint, with_message
 from ..handlers import Trace, seed, substitute, trace
 from ..params import fitted_store_of, param_scope
 from ..primitives import deterministic, plate
@@ -277,12 +278,19 @@ class Predictive:
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         params = self._params_of_call()
-        with torch.no_grad(), _seed(int(seed)):
-            samples, subsamples = self._posterior_draws(args, kwargs, params)
-            discrete = self._discrete_draws(samples, args, kwargs, int(seed), params)
-            out = self._predict({**samples, **discrete}, subsamples, args, kwargs, params)
-            if self.return_sites is None:
-                out = {**discrete, **out}
+        try:
+            with torch.no_grad(), _seed(int(seed)):
+                samples, subsamples = self._posterior_draws(args, kwargs, params)
+                discrete = self._discrete_draws(samples, args, kwargs, int(seed), params)
+                out = self._predict({**samples, **discrete}, subsamples, args, kwargs, params)
+                if self.return_sites is None:
+                    out = {**discrete, **out}
+        except TypeError as error:
+            call, seed_at = "Predictive(...)(*args, **kwargs)", "its seed= argument"
+            hint = rng_key_hint(error, args, call, seed_at)
+            if hint is None:
+                raise
+            raise with_message(error, f"{error} ({hint})") from error
         return {
             name: value.reshape(self._sample_shape + value.shape[1:]) for name, value in out.items()
         }

@@ -183,10 +183,11 @@ def to_inference_data(
     log_likelihood (of the observed sites and, with ``factors``, as NumPyro's, of the
     ``pt.factor`` sites), and posterior_predictive, prior and prior_predictive where given.
 
-    Dims are named after the plates; observations a mask leaves out (``obs_mask``,
-    ``handlers.mask``) are left out of ``log_likelihood`` and ``observed_data``, whose
-    counted entries lie along one dim ``{site}_counted`` (for LOO); so do its predictive
-    draws.
+    Dims are named after the plates, or as ``dims`` names them (a site's whole value, event
+    dims included; its log likelihood takes the batch dims of them); observations a mask
+    leaves out (``obs_mask``, ``handlers.mask``) are left out of ``log_likelihood`` and
+    ``observed_data``, whose counted entries lie along one dim ``{site}_counted`` (for LOO),
+    in place of the batch dims ``dims`` gives the site; so do its predictive draws.
     """
     az = _arviz()
     trace = potential.prototype_trace
@@ -199,7 +200,7 @@ def to_inference_data(
     user_dims = dict(dims or {})
 
     def dataset(values: dict, default_dims, extra_dims=None):
-        named = {**site_dim_names, **(extra_dims or {}), **user_dims}
+        named = {**site_dim_names, **user_dims, **(extra_dims or {})}
         return az.dict_to_dataset(
             values,
             library=None,
@@ -230,7 +231,10 @@ def to_inference_data(
     observed, observed_dims, pointwise_dims = {}, {}, {}
     for name, site in likelihood_sites.items():
         value, batch_ndim = site.value, site.value.dim() - num_event_dims(site.fn)
-        names = site_dim_names[name]
+        # the caller's dims name the whole value (as ArviZ's from_numpyro takes them); the
+        # pointwise log likelihood has its batch dims only, and a masked site's counted
+        # entries one dim of their own
+        names = list(user_dims.get(name, site_dim_names[name]))
         if counted[name] is not None:
             value = value[counted[name]]
             names = [f"{name}_counted"] + names[batch_ndim:]

@@ -8,13 +8,12 @@ ArviZ.
 from __future__ import annotations
 
 import hashlib
-import numbers
 import operator
 
 import torch
 
 from ..._caller import warn_at_caller
-from ..._errors import with_message
+from ..._errors import rng_key_hint, with_message
 from ..compile import inference_threads
 from .adaptation import warmup_windows
 from .diagnostics import ess_and_rhat, summary_table, to_inference_data
@@ -217,8 +216,10 @@ class MCMC:
         own (from the seed and the state).
 
         ``extra_fields`` names per-draw statistics to keep besides ``diverging``:
-        ``energy``, ``tree_depth`` (NUTS), ``num_steps``, ``accept_prob``, ``step_size``,
-        ``potential_energy``, and NumPyro's ``mean_accept_prob`` (the running mean of
+        ``energy``, ``tree_depth`` (NUTS: the doublings the trajectory kept, Stan's
+        ``treedepth__``; NumPyro's counts a last doubling rejected for a U-turn or a
+        divergence inside it too, one more for such trees), ``num_steps``, ``accept_prob``,
+        ``step_size``, ``potential_energy``, and NumPyro's ``mean_accept_prob`` (the running mean of
         ``accept_prob`` over the run's transitions, thinned ones included; a continued run
         starts its own) and ``adapt_state.step_size``.
 
@@ -311,7 +312,7 @@ class MCMC:
             try:
                 state = self._setup(args, kwargs, seed, init_params, given)
             except TypeError as error:
-                hint = _rng_key_hint(error, args)
+                hint = rng_key_hint(error, args, "MCMC.run(*args, **kwargs)", "MCMC(..., seed=...)")
                 if hint is None:
                     raise
                 raise with_message(error, f"{error} ({hint})") from error
@@ -756,29 +757,6 @@ def problems_message(
             f"correlated parameters)"
         )
     return "; ".join(found) or None
-
-
-def _rng_key_hint(error: TypeError, args: tuple) -> str | None:
-    """What to say where calling the model with ``args`` failed on its positional
-    arguments and the first looks like NumPyro's rng key (an integer, a JAX key), else
-    None.
-
-    >>> error = TypeError("model() takes 1 positional argument but 2 were given")
-    >>> _rng_key_hint(error, (0, None)).split(":")[0]
-    "the first argument, 0, looks like NumPyro's rng key"
-    """
-    if not args or "positional argument" not in str(error):
-        return None
-    first = args[0]
-    jax_key = type(first).__module__.startswith(("jax", "jaxlib"))
-    if not (jax_key or (isinstance(first, numbers.Integral) and not isinstance(first, bool))):
-        return None
-    shown = repr(first) if not jax_key else "a JAX key"
-    return (
-        f"the first argument, {shown}, looks like NumPyro's rng key: probtorch's "
-        f"MCMC.run(*args, **kwargs) takes the model's arguments only, and the seed goes to "
-        f"MCMC(..., seed=...)"
-    )
 
 
 def _interrupt_note(phase: str, draws: torch.Tensor) -> str:
