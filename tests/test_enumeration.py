@@ -1100,3 +1100,14 @@ def test_a_mask_leaves_a_summed_out_sites_own_term_and_masks_the_sites_reading_i
     value, _ = Potential(shifted, compile=False).value_and_grad(torch.zeros(1, 1))
     exact = -(dist.Normal(0.0, 1.0).log_prob(torch.tensor(0.0)) + log_p)
     torch.testing.assert_close(value[0], exact)
+
+
+def test_an_initial_value_for_a_summed_out_site_is_refused_as_such():
+    """``init_params`` naming the mixture's assignments ``z``: the error said ``z`` was no
+    latent site of the model; it is one, summed out, which takes no initial value."""
+    y = _mixture_data(20)
+    mcmc = MCMC(NUTS(mixture, compile=False), num_warmup=2, num_samples=2, progress_bar=False)
+    init = {"p": torch.tensor(0.5), "mu": torch.tensor(1.0)}
+    refused = r"init_params has \['z'\], discrete site\(s\) that HMC/NUTS sum out "
+    with pytest.raises(ValueError, match=refused + r".*take no initial value.*infer_discrete"):
+        mcmc.run(y, init_params={**init, "z": torch.zeros(20, dtype=torch.long)})

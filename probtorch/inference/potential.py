@@ -1123,6 +1123,14 @@ def pack_init_params(potential: Potential, init_params: dict, num_chains: int) -
             f"{type(init_params).__name__}"
         )
     unknown = sorted(set(init_params) - set(potential.site_names))
+    summed_out = [name for name in unknown if name in potential.enumerated]
+    if summed_out:
+        raise ValueError(
+            f"init_params has {summed_out}, discrete site(s) that HMC/NUTS sum out (enumerate): "
+            f"they have no position in the chain and take no initial value; the chain's latent "
+            f"sites are {potential.site_names} (draw the discrete ones afterwards with "
+            f"Predictive(..., infer_discrete=True))"
+        )
     if unknown:
         raise ValueError(
             f"init_params has {unknown}, which are not latent sites of this model; its latent "
