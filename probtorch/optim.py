@@ -39,6 +39,8 @@ __all__ = [
     "AdamW",
     "SGD",
     "RMSprop",
+    "Adagrad",
+    "Adamax",
     "ClippedAdam",
     "Scheduler",
     "scheduler",
@@ -280,6 +282,67 @@ class RMSprop(Optimizer):
         else:
             params = params - lr * grad / avg
         return params, (step + 1, square_avg, grad_avg, buf)
+
+
+class Adagrad(Optimizer):
+    """``torch.optim.Adagrad`` (``lr``, ``lr_decay``, ``weight_decay``,
+    ``initial_accumulator_value``, ``eps``, ``maximize``), as Pyro's ``pyro.optim.Adagrad``.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.optim.Adagrad(lr=0.1).hyper["eps"]
+        1e-10
+    """
+
+    torch_class = torch.optim.Adagrad
+
+    def init(self, params):
+        initial = float(self.hyper["initial_accumulator_value"])
+        return (_step(params), torch.full_like(params, initial))
+
+    def update(self, params, grad, state, lr):
+        h = self.hyper
+        wd, eps, lr_decay = float(h["weight_decay"]), float(h["eps"]), float(h["lr_decay"])
+        step, state_sum = state[0] + 1, state[1]
+        if h["maximize"]:
+            grad = -grad
+        if wd != 0:
+            grad = grad + wd * params
+        clr = lr / (1 + (step - 1) * lr_decay)
+        state_sum = state_sum + grad * grad
+        return params - clr * grad / (state_sum.sqrt() + eps), (step, state_sum)
+
+
+class Adamax(Optimizer):
+    """``torch.optim.Adamax`` (``lr``, ``betas``, ``eps``, ``weight_decay``, ``maximize``),
+    as Pyro's ``pyro.optim.Adamax``.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.optim.Adamax(lr=0.01).hyper["betas"]
+        (0.9, 0.999)
+    """
+
+    torch_class = torch.optim.Adamax
+
+    def init(self, params):
+        return (_step(params), _zeros(params), _zeros(params))
+
+    def update(self, params, grad, state, lr):
+        h = self.hyper
+        beta1, beta2 = (float(b) for b in h["betas"])
+        wd, eps = float(h["weight_decay"]), float(h["eps"])
+        step, exp_avg, exp_inf = state[0] + 1, state[1], state[2]
+        if h["maximize"]:
+            grad = -grad
+        if wd != 0:
+            grad = grad + wd * params
+        exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
+        exp_inf = torch.maximum(exp_inf * beta2, grad.abs() + eps)
+        clr = lr / (1 - beta1**step)
+        return params - clr * exp_avg / exp_inf, (step, exp_avg, exp_inf)
 
 
 def _clipped_adam_class():

@@ -25,6 +25,11 @@ CASES = [
     (pt.optim.SGD, {"lr": 0.1, "momentum": 0.5, "dampening": 0.3}),
     (pt.optim.RMSprop, {"lr": 0.01}),
     (pt.optim.RMSprop, {"lr": 0.01, "centered": True, "momentum": 0.7, "weight_decay": 0.1}),
+    (pt.optim.Adagrad, {"lr": 0.1}),
+    (pt.optim.Adagrad, {"lr": 0.1, "lr_decay": 0.2, "weight_decay": 0.1, "eps": 1e-3}),
+    (pt.optim.Adagrad, {"lr": 0.1, "initial_accumulator_value": 0.5, "maximize": True}),
+    (pt.optim.Adamax, {"lr": 0.05}),
+    (pt.optim.Adamax, {"lr": 0.05, "betas": (0.8, 0.9), "weight_decay": 0.1, "eps": 1e-3}),
     (pt.optim.ClippedAdam, {"lr": 0.05, "clip_norm": 0.5, "lrd": 0.9, "weight_decay": 0.1}),
     (pt.optim.ClippedAdam, {"lr": 0.05, "centered_variance": True}),
 ]
