@@ -954,3 +954,21 @@ def test_a_plate_given_all_rows_in_another_order_takes_the_guides_rows_in_that_o
     if guide_class is AutoDiagonalNormal:  # one joint vector: a subsample is refused
         with pt.param_scope(store), pytest.raises(ValueError, match="subsamples 3 of 8"):
             _run_guide(guide, y, perm[:3])
+
+
+@pytest.mark.parametrize("guide_class", ALL_GUIDES, ids=lambda c: c.__name__)
+def test_pyros_median_and_quantiles_with_model_arguments_are_explained(guide_class):
+    """Pyro's ``guide.median(*model_args)`` / ``quantiles(qs, *model_args)`` with two model
+    arguments got Python's bare "takes from 1 to 2 positional arguments" (one argument was
+    explained): both say the guide needs none once set up."""
+    y = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    guide = guide_class(normal_means)
+    with pt.param_scope(pt.ParamStore()):
+        _run_guide(guide, y)
+        explained = r"Pyro's guide\.{}\(\*model_args\).*the model's arguments.*needs none"
+        with pytest.raises(TypeError, match=explained.format("median")):
+            guide.median(y, y)
+        with pytest.raises(TypeError, match=explained.format("quantiles")):
+            guide.quantiles([0.5], y, y, y)
+        assert guide.median()["mu"].shape == (3,)
+        assert guide.quantiles([0.25, 0.75])["mu"].shape == (2, 3)

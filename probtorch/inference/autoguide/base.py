@@ -15,6 +15,8 @@ as ``SVI``'s ``result.params``) or, without it, read the param store that is act
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -187,6 +189,32 @@ def run_in_plates(frames: Sequence[CondIndepStackFrame], plates: dict, fn: Calla
             p.__exit__(None, None, None)
 
 
+def _without_model_args(method: Callable) -> Callable:
+    """``method`` (a guide's ``median`` or ``quantiles``), refusing more positional
+    arguments than it takes with what Pyro's ``guide.median(*model_args)`` means here."""
+    positional = [
+        p
+        for p in inspect.signature(method).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ][1:]  # without self
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        if len(args) > len(positional):
+            name = method.__name__
+            takes = ", ".join(p.name for p in positional)
+            raise TypeError(
+                f"{type(self).__name__}.{name}({takes}) got {len(args)} positional "
+                f"arguments: Pyro's guide.{name}(*model_args) takes the model's arguments, "
+                f"but here the guide, once set up (by SVI or a call guide(*args)), needs none: "
+                f"guide.{name}({'qs' if name == 'quantiles' else ''}) reads the fitted params, "
+                f"or pass params= (SVI's result.params)"
+            )
+        return method(self, *args, **kwargs)
+
+    return checked
+
+
 class AutoGuide:
     """Base class of the automatic guides; subclasses define the params and the draws.
 
@@ -251,6 +279,12 @@ class AutoGuide:
         # in one global store), unless the caller chooses a store with param_scope
         self.fitted_store: ParamStore | None = None
         self.fitting = False  # True while an SVI method runs the guide
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in ("median", "quantiles"):
+            if name in cls.__dict__:
+                setattr(cls, name, _without_model_args(cls.__dict__[name]))
 
     # -- the prototype ---------------------------------------------------------------
     def _setup_prototype(self, *args, **kwargs) -> None:
