@@ -9,9 +9,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
-__all__ = ["rng_key_hint", "with_message"]
+__all__ = ["explaining_rng_key", "rng_key_hint", "with_message"]
 
 
 def with_message(
@@ -45,3 +46,21 @@ def rng_key_hint(error: TypeError, args: tuple, call: str, seed_at: str) -> str 
         f"the first argument, {shown}, looks like NumPyro's rng key: probtorch's {call} "
         f"takes the model's arguments only, and the seed goes to {seed_at}"
     )
+
+
+@contextlib.contextmanager
+def explaining_rng_key(args: tuple, call: str, seed_at: str):
+    """Re-raise a TypeError of the block with :func:`rng_key_hint`'s hint, where it has one.
+
+    >>> with explaining_rng_key((0, 1), "run(*args)", "seed="):
+    ...     (lambda x: x)(0, 1)
+    Traceback (most recent call last):
+    TypeError: ... (the first argument, 0, looks like NumPyro's rng key: ...)
+    """
+    try:
+        yield
+    except TypeError as error:
+        hint = rng_key_hint(error, args, call, seed_at)
+        if hint is None:
+            raise
+        raise with_message(error, f"{error} ({hint})") from error

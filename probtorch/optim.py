@@ -110,6 +110,14 @@ class Optimizer:
     def _check(self) -> None:
         """Reject arguments the functional update does not implement."""
 
+    def _descent_grad(self, params: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """The gradient a step descends, as torch's optimizers form it: negated for
+        ``maximize``, plus the coupled (L2) ``weight_decay * params``."""
+        if self.hyper["maximize"]:
+            grad = -grad
+        wd = float(self.hyper["weight_decay"])
+        return grad + wd * params if wd != 0 else grad
+
     @property
     def lr(self) -> float:
         """The base learning rate."""
@@ -178,13 +186,11 @@ class Adam(Optimizer):
         beta1, beta2 = (float(b) for b in h["betas"])
         wd, eps = float(h["weight_decay"]), float(h["eps"])
         step, exp_avg, exp_avg_sq = state[0] + 1, state[1], state[2]
-        if h["maximize"]:
-            grad = -grad
-        if wd != 0:
-            if self._decoupled or h.get("decoupled_weight_decay", False):
-                params = params * (1 - lr * wd)
-            else:
-                grad = grad + wd * params
+        if self._decoupled or h.get("decoupled_weight_decay", False):
+            grad = -grad if h["maximize"] else grad
+            params = params * (1 - lr * wd) if wd != 0 else params
+        else:
+            grad = self._descent_grad(params, grad)
         exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
         exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
         bias_correction1 = 1 - beta1**step
@@ -232,12 +238,8 @@ class SGD(Optimizer):
     def update(self, params, grad, state, lr):
         h = self.hyper
         momentum, dampening = float(h["momentum"]), float(h["dampening"])
-        wd = float(h["weight_decay"])
         step, buf = state
-        if h["maximize"]:
-            grad = -grad
-        if wd != 0:
-            grad = grad + wd * params
+        grad = self._descent_grad(params, grad)
         if momentum != 0:
             # torch starts the momentum buffer at the first gradient, undampened.
             buf = torch.where(step == 0, grad, buf * momentum + (1 - dampening) * grad)
@@ -263,13 +265,10 @@ class RMSprop(Optimizer):
 
     def update(self, params, grad, state, lr):
         h = self.hyper
-        alpha, eps, wd = float(h["alpha"]), float(h["eps"]), float(h["weight_decay"])
+        alpha, eps = float(h["alpha"]), float(h["eps"])
         momentum = float(h["momentum"])
         step, square_avg, grad_avg, buf = state
-        if h["maximize"]:
-            grad = -grad
-        if wd != 0:
-            grad = grad + wd * params
+        grad = self._descent_grad(params, grad)
         square_avg = square_avg * alpha + (1 - alpha) * grad * grad
         if h["centered"]:
             grad_avg = torch.lerp(grad_avg, grad, 1 - alpha)
@@ -303,12 +302,9 @@ class Adagrad(Optimizer):
 
     def update(self, params, grad, state, lr):
         h = self.hyper
-        wd, eps, lr_decay = float(h["weight_decay"]), float(h["eps"]), float(h["lr_decay"])
+        eps, lr_decay = float(h["eps"]), float(h["lr_decay"])
         step, state_sum = state[0] + 1, state[1]
-        if h["maximize"]:
-            grad = -grad
-        if wd != 0:
-            grad = grad + wd * params
+        grad = self._descent_grad(params, grad)
         clr = lr / (1 + (step - 1) * lr_decay)
         state_sum = state_sum + grad * grad
         return params - clr * grad / (state_sum.sqrt() + eps), (step, state_sum)
@@ -333,12 +329,9 @@ class Adamax(Optimizer):
     def update(self, params, grad, state, lr):
         h = self.hyper
         beta1, beta2 = (float(b) for b in h["betas"])
-        wd, eps = float(h["weight_decay"]), float(h["eps"])
+        eps = float(h["eps"])
         step, exp_avg, exp_inf = state[0] + 1, state[1], state[2]
-        if h["maximize"]:
-            grad = -grad
-        if wd != 0:
-            grad = grad + wd * params
+        grad = self._descent_grad(params, grad)
         exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
         exp_inf = torch.maximum(exp_inf * beta2, grad.abs() + eps)
         clr = lr / (1 - beta1**step)

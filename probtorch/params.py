@@ -16,7 +16,7 @@ from torch.distributions import constraints
 
 from ._caller import warn_at_caller
 from .distributions.constraint_registry import biject_to
-from .runtime import Message, Messenger
+from .runtime import Message, Messenger, get_stack
 
 __all__ = ["ParamStore", "clear_param_store", "get_param_store", "param_scope"]
 
@@ -310,6 +310,18 @@ def note_fitted(fn: Callable, store: ParamStore) -> None:
         _FITTED_BY[fn] = store
     except TypeError:  # a callable without weak references: Predictive reads the active store
         pass
+
+
+def store_chosen() -> bool:
+    """Whether the caller chose a store (an active :class:`param_scope`): then it is read,
+    not the store of the SVI that fitted a guide or model.
+
+    Example::
+
+        >>> store_chosen()
+        False
+    """
+    return any(isinstance(h, param_scope) for h in get_stack())
 
 
 def fitted_store_of(fn: Callable) -> ParamStore | None:

@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .._caller import warn_at_caller
-from .._errors import rng_key_hint, with_message
+from .._errors import explaining_rng_key
 from ..handlers import Trace, seed, substitute, trace
-from ..params import fitted_store_of, param_scope
+from ..params import fitted_store_of, store_chosen
 from ..primitives import deterministic, plate
 from ..runtime import Message, Messenger, get_stack
 from ..validation import num_event_dims
@@ -278,19 +278,14 @@ class Predictive:
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         params = self._params_of_call()
-        try:
+        call = "Predictive(...)(*args, **kwargs)"
+        with explaining_rng_key(args, call, "its seed= argument"):
             with torch.no_grad(), _seed(int(seed)):
                 samples, subsamples = self._posterior_draws(args, kwargs, params)
                 discrete = self._discrete_draws(samples, args, kwargs, int(seed), params)
                 out = self._predict({**samples, **discrete}, subsamples, args, kwargs, params)
                 if self.return_sites is None:
                     out = {**discrete, **out}
-        except TypeError as error:
-            call, seed_at = "Predictive(...)(*args, **kwargs)", "its seed= argument"
-            hint = rng_key_hint(error, args, call, seed_at)
-            if hint is None:
-                raise
-            raise with_message(error, f"{error} ({hint})") from error
         return {
             name: value.reshape(self._sample_shape + value.shape[1:]) for name, value in out.items()
         }
@@ -302,7 +297,7 @@ class Predictive:
         active store)."""
         if self.params is not None:
             return self.params
-        if any(isinstance(h, param_scope) for h in get_stack()):
+        if store_chosen():
             return None
         store = fitted_store_of(self.guide) if self.guide is not None else None
         if store is None:

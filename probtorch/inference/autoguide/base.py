@@ -27,9 +27,9 @@ from torch.distributions import constraints
 from torch.distributions.transforms import ComposeTransform, IndependentTransform, Transform
 
 from ...handlers import Trace, block, seed, substitute, trace
-from ...params import ParamStore, param_scope
+from ...params import ParamStore, param_scope, store_chosen
 from ...primitives import param, plate
-from ...runtime import CondIndepStackFrame, Message, get_stack
+from ...runtime import CondIndepStackFrame, Message
 from ...validation import num_event_dims, torch_validation
 from ..angles import UnitVectorFromSpace, unconstraining_transform
 from ..init_strategies import check_value_names, init_to_median, on_latent_sites
@@ -456,7 +456,7 @@ class AutoGuide:
         and the caller chose no store (``param_scope``); else None."""
         if self.fitted_store is None or self.fitting:
             return None
-        if any(isinstance(h, param_scope) for h in get_stack()):
+        if store_chosen():
             return None
         return self.fitted_store
 

@@ -13,7 +13,7 @@ import operator
 import torch
 
 from ..._caller import warn_at_caller
-from ..._errors import rng_key_hint, with_message
+from ..._errors import explaining_rng_key
 from ..compile import inference_threads
 from .adaptation import warmup_windows
 from .diagnostics import ess_and_rhat, summary_table, to_inference_data
@@ -309,13 +309,8 @@ class MCMC:
                 self._continued_runs += 1
             else:
                 torch.manual_seed(seed)
-            try:
+            with explaining_rng_key(args, "MCMC.run(*args, **kwargs)", "MCMC(..., seed=...)"):
                 state = self._setup(args, kwargs, seed, init_params, given)
-            except TypeError as error:
-                hint = rng_key_hint(error, args, "MCMC.run(*args, **kwargs)", "MCMC(..., seed=...)")
-                if hint is None:
-                    raise
-                raise with_message(error, f"{error} ({hint})") from error
             phase = (continuing, warmup_only, collect_warmup)
             self.interrupted, self._interrupted_in = False, None
             self._problems = [0, 0, 0]  # sampling transitions, divergent, at max_tree_depth
