@@ -939,7 +939,7 @@ def test_draws_handed_out_are_copies():
     [
         (NUTS, "max_treedepth", "did you mean 'max_tree_depth'"),
         (HMC, "num_step", "did you mean 'num_steps'"),
-        (NUTS, "num_steps", "Its options: .*max_tree_depth"),
+        (NUTS, "step", "Its options: .*max_tree_depth"),
         (HMC, "warmup", "Its options"),
     ],
 )
@@ -948,6 +948,48 @@ def test_unknown_kernel_option_is_named_with_the_closest_one(kernel, option, hin
         kernel(vector_model, **{option: 1})
     with pytest.raises(TypeError, match=hint):
         kernel(vector_model, **{option: 1})
+
+
+@pytest.mark.parametrize(
+    "kernel, option, advice",
+    [
+        (NUTS, "full_mass", "Pyro's option 'full_mass': it is dense_mass here"),
+        (HMC, "jit_compile", "Pyro's option 'jit_compile': .*compile=False runs it eagerly"),
+        (NUTS, "max_plate_nesting", "Pyro's option 'max_plate_nesting': the plates are found"),
+        (NUTS, "regularize_mass_matrix", "NumPyro's option .*regularized as Stan's"),
+        (NUTS, "num_steps", "HMC's option 'num_steps': NUTS chooses each trajectory's length"),
+        (NUTS, "trajectory_length", "HMC's option 'trajectory_length': .*HMC\\(model, "),
+    ],
+)
+def test_another_librarys_kernel_option_says_what_to_write_here(kernel, option, advice):
+    with pytest.raises(TypeError, match=f"{kernel.__name__} got {advice}"):
+        kernel(vector_model, **{option: True})
+
+
+@pytest.mark.parametrize(
+    "args, options, advice",
+    [
+        (
+            (),
+            {"num_samples": 100, "warmup_steps": 50},
+            "Pyro's option 'warmup_steps': it is num_warmup",
+        ),
+        ((5, 5), {"initial_params": {}}, "given to run.*init_params="),
+        ((5, 5), {"disable_progbar": True}, "write progress_bar=False"),
+        ((5, 5), {"mp_context": "spawn"}, "chain_method='vectorized'"),
+        ((5, 5), {"jit_model_args": True}, "NumPyro's option 'jit_model_args'"),
+        (
+            (100,),
+            {},
+            "MCMC needs num_samples: .*Pyro's MCMC\\(kernel, num_samples, warmup_steps\\)",
+        ),
+        ((), {}, "MCMC needs num_warmup and num_samples"),
+        ((5, 5), {"num_chain": 2}, "unexpected option 'num_chain'; did you mean 'num_chains'"),
+    ],
+)
+def test_pyros_driver_options_and_a_missing_count_say_what_to_write(args, options, advice):
+    with pytest.raises(TypeError, match=advice):
+        MCMC(NUTS(vector_model, compile=False), *args, **options)
 
 
 def test_unknown_extra_field():

@@ -39,6 +39,7 @@ from .nuts import (
     transition_result,
 )
 from .nuts_block import block_iteration, draw_block_randomness, init_block, with_momenta
+from .ported_options import refuse_ported_options
 from .warmup import AdaptState
 
 __all__ = [
@@ -331,6 +332,7 @@ def _check_options(kernel: type, options: dict) -> None:
         for name, param in inspect.signature(cls.__init__).parameters.items()
         if param.kind is inspect.Parameter.KEYWORD_ONLY or name == "model"
     ]
+    refuse_ported_options(kernel.__name__, options)
     for name in options:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)

@@ -7,6 +7,7 @@ ArviZ.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import operator
 
@@ -18,9 +19,52 @@ from ..compile import inference_threads
 from .adaptation import warmup_windows
 from .diagnostics import ess_and_rhat, summary_table, to_inference_data
 from .kernels import STAT_NAMES, SamplerState, empty_stats
+from .ported_options import refuse_ported_options
 from .warmup import init_adapt_state, run_warmup
 
 __all__ = ["MCMC"]
+
+
+class _Required:
+    """The default of an argument that must be given (so that a missing one, or Pyro's
+    spelling of it, gets an error that says what to write)."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED = _Required()
+_DRIVER_OPTIONS = (
+    "num_warmup",
+    "num_samples",
+    "num_chains",
+    "thinning",
+    "chain_method",
+    "progress_bar",
+    "seed",
+)
+
+
+def _check_driver_options(num_warmup, num_samples, options: dict) -> None:
+    """A TypeError naming what to write for another library's option, an unknown option or
+    a missing ``num_warmup`` / ``num_samples``."""
+    refuse_ported_options("MCMC", options)
+    for name in options:
+        close = difflib.get_close_matches(name, _DRIVER_OPTIONS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        raise TypeError(
+            f"MCMC got an unexpected option {name!r}{hint} Its options: "
+            f"{', '.join(_DRIVER_OPTIONS)}"
+        )
+    missing = [
+        n for n, v in (("num_warmup", num_warmup), ("num_samples", num_samples)) if v is _REQUIRED
+    ]
+    if missing:
+        raise TypeError(
+            f"MCMC needs {' and '.join(missing)}: MCMC(kernel, num_warmup, num_samples), "
+            f"NumPyro's order (Pyro's MCMC(kernel, num_samples, warmup_steps) takes "
+            f"num_samples second)"
+        )
 
 
 class MCMC:
@@ -61,14 +105,16 @@ class MCMC:
     def __init__(
         self,
         kernel,
-        num_warmup: int,
-        num_samples: int,
+        num_warmup: int = _REQUIRED,
+        num_samples: int = _REQUIRED,
         num_chains: int = 1,
         thinning: int = 1,
         chain_method: str = "vectorized",
         progress_bar: bool = True,
         seed: int | None = None,
+        **ported_options,
     ):
+        _check_driver_options(num_warmup, num_samples, ported_options)
         if num_warmup < 0 or num_samples < 1:
             raise ValueError(
                 f"need num_warmup >= 0 and num_samples >= 1, got {num_warmup}, {num_samples}"
