@@ -41,6 +41,9 @@ __all__ = [
     "RMSprop",
     "Adagrad",
     "Adamax",
+    "NAdam",
+    "RAdam",
+    "Adadelta",
     "ClippedAdam",
     "Scheduler",
     "scheduler",
@@ -118,6 +121,18 @@ class Optimizer:
         wd = float(self.hyper["weight_decay"])
         return grad + wd * params if wd != 0 else grad
 
+    _decoupled = False  # AdamW's weight decay, whatever ``decoupled_weight_decay`` says
+
+    def _decayed(self, params, grad, lr) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(params, grad)`` after weight decay: decoupled (AdamW's, or with
+        ``decoupled_weight_decay=True``: the parameters shrink by ``1 - lr * weight_decay``)
+        or coupled (:meth:`_descent_grad`)."""
+        if not (self._decoupled or self.hyper.get("decoupled_weight_decay", False)):
+            return params, self._descent_grad(params, grad)
+        wd = float(self.hyper["weight_decay"])
+        grad = -grad if self.hyper["maximize"] else grad
+        return (params * (1 - lr * wd) if wd != 0 else params), grad
+
     @property
     def lr(self) -> float:
         """The base learning rate."""
@@ -173,7 +188,6 @@ class Adam(Optimizer):
     """
 
     torch_class = torch.optim.Adam
-    _decoupled = False
 
     def init(self, params):
         state = (_step(params), _zeros(params), _zeros(params))
@@ -184,13 +198,9 @@ class Adam(Optimizer):
     def update(self, params, grad, state, lr):
         h = self.hyper
         beta1, beta2 = (float(b) for b in h["betas"])
-        wd, eps = float(h["weight_decay"]), float(h["eps"])
+        eps = float(h["eps"])
         step, exp_avg, exp_avg_sq = state[0] + 1, state[1], state[2]
-        if self._decoupled or h.get("decoupled_weight_decay", False):
-            grad = -grad if h["maximize"] else grad
-            params = params * (1 - lr * wd) if wd != 0 else params
-        else:
-            grad = self._descent_grad(params, grad)
+        params, grad = self._decayed(params, grad, lr)
         exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
         exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
         bias_correction1 = 1 - beta1**step
@@ -336,6 +346,109 @@ class Adamax(Optimizer):
         exp_inf = torch.maximum(exp_inf * beta2, grad.abs() + eps)
         clr = lr / (1 - beta1**step)
         return params - clr * exp_avg / exp_inf, (step, exp_avg, exp_inf)
+
+
+class NAdam(Optimizer):
+    """``torch.optim.NAdam``: Adam with Nesterov momentum (``lr``, ``betas``, ``eps``,
+    ``weight_decay``, ``momentum_decay``, ``decoupled_weight_decay``, ``maximize``), as
+    Pyro's ``pyro.optim.NAdam``.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.optim.NAdam(lr=0.01).hyper["momentum_decay"]
+        0.004
+    """
+
+    torch_class = torch.optim.NAdam
+
+    def init(self, params):
+        # step, the product of the momentum coefficients so far (in torch's scalar dtype,
+        # float32 unless float64 is the default, as torch keeps it), the two moments
+        scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        mu_product = torch.ones((), dtype=scalar, device=params.device)
+        return (_step(params), mu_product, _zeros(params), _zeros(params))
+
+    def update(self, params, grad, state, lr):
+        h = self.hyper
+        beta1, beta2 = (float(b) for b in h["betas"])
+        eps, momentum_decay = float(h["eps"]), float(h["momentum_decay"])
+        step, mu_product, exp_avg, exp_avg_sq = state[0] + 1, state[1], state[2], state[3]
+        params, grad = self._decayed(params, grad, lr)
+        mu = beta1 * (1 - 0.5 * 0.96 ** (step * momentum_decay))
+        mu_next = beta1 * (1 - 0.5 * 0.96 ** ((step + 1) * momentum_decay))
+        mu_product = mu_product * mu.to(mu_product.dtype)
+        product = mu_product.to(params.dtype)
+        exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
+        exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+        denom = (exp_avg_sq / (1 - beta2**step)).sqrt() + eps
+        params = params - lr * (1 - mu) / (1 - product) * grad / denom
+        params = params - lr * mu_next / (1 - product * mu_next) * exp_avg / denom
+        return params, (step, mu_product, exp_avg, exp_avg_sq)
+
+
+class RAdam(Optimizer):
+    """``torch.optim.RAdam``: Adam with its second moment's variance rectified (``lr``,
+    ``betas``, ``eps``, ``weight_decay``, ``decoupled_weight_decay``, ``maximize``), as
+    Pyro's ``pyro.optim.RAdam``. Steps while the rectification is undefined (the first
+    few) take plain momentum steps, as torch's.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.optim.RAdam(lr=0.01).hyper["betas"]
+        (0.9, 0.999)
+    """
+
+    torch_class = torch.optim.RAdam
+
+    def init(self, params):
+        return (_step(params), _zeros(params), _zeros(params))
+
+    def update(self, params, grad, state, lr):
+        h = self.hyper
+        beta1, beta2 = (float(b) for b in h["betas"])
+        eps = float(h["eps"])
+        step, exp_avg, exp_avg_sq = state[0] + 1, state[1], state[2]
+        params, grad = self._decayed(params, grad, lr)
+        exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
+        exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+        bias_correction2 = 1 - beta2**step
+        rho_inf = 2 / (1 - beta2) - 1
+        rho_t = rho_inf - 2 * step * beta2**step / bias_correction2
+        rectified = rho_t > 5.0
+        rho = torch.where(rectified, rho_t, rho_inf)  # keeps the unused branch finite
+        rect = ((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho)).sqrt()
+        adaptive = rect * bias_correction2.sqrt() / (exp_avg_sq.sqrt() + eps)
+        scale = torch.where(rectified, adaptive, torch.ones_like(adaptive))
+        params = params - exp_avg / (1 - beta1**step) * lr * scale
+        return params, (step, exp_avg, exp_avg_sq)
+
+
+class Adadelta(Optimizer):
+    """``torch.optim.Adadelta`` (``lr``, ``rho``, ``eps``, ``weight_decay``, ``maximize``), as
+    Pyro's ``pyro.optim.Adadelta``.
+
+    Example::
+
+        >>> import probtorch as pt
+        >>> pt.optim.Adadelta().hyper["rho"]
+        0.9
+    """
+
+    torch_class = torch.optim.Adadelta
+
+    def init(self, params):
+        return (_step(params), _zeros(params), _zeros(params))
+
+    def update(self, params, grad, state, lr):
+        rho, eps = float(self.hyper["rho"]), float(self.hyper["eps"])
+        step, square_avg, acc_delta = state[0] + 1, state[1], state[2]
+        grad = self._descent_grad(params, grad)
+        square_avg = square_avg * rho + (1 - rho) * grad * grad
+        delta = (acc_delta + eps).sqrt() / (square_avg + eps).sqrt() * grad
+        acc_delta = acc_delta * rho + (1 - rho) * delta * delta
+        return params - lr * delta, (step, square_avg, acc_delta)
 
 
 def _clipped_adam_class():
