@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed-stamp
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export PYTHONWARNINGS ?= ignore::FutureWarning
 PYTEST_WORKERS ?= 2
+# the slowest tests listed after a run (0: every test, for a profile of the suite's time)
+PYTEST_DURATIONS ?= 15
 
 .PHONY: demo test test-fast lint clean venv
 
@@ -25,7 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test: $(STAMP) lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 tests probtorch --doctest-modules
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=$(PYTEST_DURATIONS) tests probtorch --doctest-modules
 
 # Skips the tests marked slow.
 test-fast: $(STAMP)

@@ -6,12 +6,15 @@ block. Each handler overrides one or two ``Messenger`` methods.
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 
 from ._errors import with_message
+from .rng import set_rng_seed
 from .runtime import Message, Messenger, apply_stack
 from .validation import check_sample_site, is_validation_enabled, readable
 
@@ -145,10 +148,15 @@ class Trace(OrderedDict):
         self.compute_log_prob()
         return {name: site.log_prob for name, site in self.sample_sites().items()}
 
-    def log_prob_sum(self) -> torch.Tensor:
-        """The log joint density of the trace: the sum over all sample sites."""
+    def log_prob_sum(
+        self, site_filter: Callable[[str, Message], bool] | None = None
+    ) -> torch.Tensor:
+        """The log joint density of the trace: the sum over all sample sites (those for
+        which ``site_filter(name, site)`` holds, as Pyro's)."""
         total = None
-        for log_prob in self.log_densities().values():
+        for name, log_prob in self.log_densities().items():
+            if site_filter is not None and not site_filter(name, self[name]):
+                continue
             term = log_prob.sum()
             total = term if total is None else total + term
         return torch.zeros(()) if total is None else total
@@ -167,6 +175,27 @@ class Trace(OrderedDict):
     def nodes(self) -> Trace:
         """Pyro's spelling: ``trace.nodes[name]["value"]``."""
         return self
+
+    @property
+    def trace(self) -> Trace:
+        """Itself: ``with pt.handlers.trace() as tr`` gives the trace (as NumPyro), and
+        Pyro's ``tr.trace`` (its messenger's record) reads the same."""
+        return self
+
+    @property
+    def stochastic_nodes(self) -> list[str]:
+        """The latent sample sites' names (Pyro's)."""
+        return list(self.sample_sites(observed=False))
+
+    @property
+    def observation_nodes(self) -> list[str]:
+        """The observed sample sites' names (Pyro's)."""
+        return list(self.sample_sites(observed=True))
+
+    @property
+    def param_nodes(self) -> list[str]:
+        """The params' names (Pyro's)."""
+        return [name for name, site in self.items() if site.type == "param"]
 
 
 def equal_indices(a: torch.Tensor, b: torch.Tensor) -> bool | None:
@@ -258,10 +287,12 @@ class trace(Messenger):
 
 
 class seed(Messenger):
-    """Give the model random numbers from torch's generator, seeded with ``rng_seed``.
+    """Give the model random numbers from generators seeded with ``rng_seed``: torch's, and,
+    as Pyro's, Python's ``random`` and NumPy's global one (a minibatch a model picks with
+    ``np.random`` is reproducible too).
 
-    The global RNG state is saved on entry and restored on exit, so a seeded model is
-    reproducible and does not disturb the caller's random stream.
+    The generators' states are saved on entry and restored on exit, so a seeded model is
+    reproducible and does not disturb the caller's random streams.
 
     Example::
 
@@ -284,19 +315,26 @@ class seed(Messenger):
         self._saved: list = []
 
     def __enter__(self):
-        super().__enter__()  # refuses re-entry before the generator's state is saved
+        super().__enter__()  # refuses re-entry before the generators' states are saved
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._saved.append(
-            (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
+            (
+                torch.random.get_rng_state(),
+                torch.cuda.get_rng_state_all() if cuda else None,
+                random.getstate(),
+                np.random.get_state(),
+            )
         )
-        torch.manual_seed(self.rng_seed)
+        set_rng_seed(self.rng_seed)
         return self
 
     def __exit__(self, *exc):
-        cpu_state, cuda_state = self._saved.pop()
+        cpu_state, cuda_state, python_state, numpy_state = self._saved.pop()
         torch.random.set_rng_state(cpu_state)
         if cuda_state is not None:
             torch.cuda.set_rng_state_all(cuda_state)
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
         return super().__exit__(*exc)
 
     def process_message(self, msg: Message) -> None:
@@ -338,9 +376,25 @@ class substitute(Messenger):
             msg.value = value
 
 
+def _as_site_value(where: str, name: str, value) -> torch.Tensor:
+    """``value`` given to site ``name`` (by a handler or ``obs=``: ``where``), as a tensor;
+    an error naming both for what is no number or array."""
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(
+            f"{where}: the value for site {name!r} must be a tensor, a number or an array "
+            f"of numbers, got {type(value).__name__} {value!r:.60} ({error})"
+        ) from None
+
+
 class condition(Messenger):
     """Observe sample sites at ``data[name]``: they become likelihood terms. ``data`` may
-    also be a :class:`Trace`, whose sample sites' values are observed (as in Pyro).
+    also be a :class:`Trace`, whose sample sites' values are observed (as in Pyro). A value
+    ``None`` leaves its site latent, as in Pyro (``data={"y": y}`` with ``y=None`` for a
+    prior predictive run).
 
     Example::
 
@@ -365,7 +419,9 @@ class condition(Messenger):
             if value.type != "sample":
                 return
             value = value.value
-        msg.value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        if value is None:  # as in Pyro: the site stays latent (a prior predictive run)
+            return
+        msg.value = _as_site_value("condition", msg.name, value)
         msg.is_observed = True
         msg.extra["conditioned"] = True  # fixed by the user: Predictive keeps the value
 
@@ -375,7 +431,8 @@ class block(Messenger):
 
     As in Pyro, a site is hidden if its name is in ``hide``, or its type in ``hide_types``,
     or if it is neither in ``expose`` nor of a type in ``expose_types`` while ``hide_all``
-    holds; for this an observed sample site has the type ``"observe"``. ``hide_all`` is
+    holds; for this an observed sample site has the type ``"observe"``, and a plate's
+    subsample site both ``"plate"`` and ``"sample"`` (Pyro's type for it). ``hide_all`` is
     True unless ``expose_all`` is, and is then set by each of ``hide`` (False), ``expose``
     (True), ``hide_types`` (False), ``expose_types`` (True) that is given, in this order.
     ``hide_fn(msg)`` (or ``expose_fn(msg)``, its negation) replaces the rule.
@@ -448,9 +505,12 @@ def _block_rule(hide_all, expose_all, hide, expose, hide_types, expose_types):
 
     def hide_fn(msg: Message) -> bool:
         msg_type = "observe" if msg.type == "sample" and msg.is_observed else msg.type
-        if msg.name in hide or msg_type in hide_types:
+        # a plate's subsample site is a "sample" site in Pyro: expose_types=["sample"] must
+        # expose it, or a blocked guide's rows would not reach the model
+        types = {msg_type, "sample"} if msg_type == "plate" else {msg_type}
+        if msg.name in hide or types & hide_types:
             return True
-        return hide_all and msg.name not in expose and msg_type not in expose_types
+        return hide_all and msg.name not in expose and not types & expose_types
 
     return hide_fn
 
@@ -577,8 +637,8 @@ class mask(Messenger):
 
 
 class infer_config(Messenger):
-    """Update each latent sample site's ``infer`` dict with ``config_fn(msg)`` (Pyro's
-    ``poutine.infer_config``).
+    """Update each sample site's (observed ones too) and param's ``infer`` dict with
+    ``config_fn(msg)`` (Pyro's ``poutine.infer_config``).
 
     Example::
 
@@ -597,7 +657,7 @@ class infer_config(Messenger):
         self.config_fn = config_fn
 
     def process_message(self, msg: Message) -> None:
-        if msg.type == "sample" and not msg.is_observed:
+        if msg.type in ("sample", "param"):
             msg.infer = {**msg.infer, **self.config_fn(msg)}  # (not the caller's dict)
 
 
@@ -637,7 +697,8 @@ def config_enumerate(
         return lambda fn: config_enumerate(fn, default=default, expand=expand)
 
     def config(msg: Message) -> dict:
-        if not getattr(msg.fn, "has_enumerate_support", False):
+        latent = msg.type == "sample" and not msg.is_observed
+        if not (latent and getattr(msg.fn, "has_enumerate_support", False)):
             return {}
         return {"enumerate": msg.infer.get("enumerate", default)}
 
@@ -668,14 +729,14 @@ class do(Messenger):
         self.data = {} if data is None else data
 
     def process_message(self, msg: Message) -> None:
-        if msg.type != "sample" or msg.name not in self.data:
-            return
+        if msg.type != "sample" or self.data.get(msg.name) is None:
+            return  # (a value None intervenes on nothing, as in Pyro)
+        value = _as_site_value("do", msg.name, self.data[msg.name])
         # The unintervened site goes on to the outer handlers under its own name.
         original = msg.copy()
         apply_stack(original, outside_of=self)
-        value = self.data[msg.name]
         msg.name = msg.name + "__CF"
-        msg.value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        msg.value = value
         msg.is_observed = True
         msg.stop = True
 

@@ -8,6 +8,7 @@ by the handlers in :mod:`probtorch.handlers`.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -16,7 +17,7 @@ import pyro.distributions as pyro_dist
 import torch
 from torch.distributions import constraints
 
-from .handlers import equal_indices, scale
+from .handlers import _as_site_value, equal_indices, scale
 from .params import get_param_store
 from .runtime import CondIndepStackFrame, Message, Messenger, apply_stack, get_stack
 from .validation import num_event_dims, readable
@@ -76,10 +77,11 @@ def sample(
         >>> x.shape
         torch.Size([])
     """
+    _check_site_distribution(name, fn)
     if obs_mask is not None:
         return _masked_observe(name, fn, obs, obs_mask, infer)
     if obs is not None and not isinstance(obs, torch.Tensor):
-        obs = torch.as_tensor(obs)
+        obs = _as_site_value("pt.sample(..., obs=)", name, obs)
     if not get_stack():
         # No handler at all: behave like a plain distribution call or observation.
         if obs is not None:
@@ -97,6 +99,23 @@ def sample(
         default=_sample_default,
     )
     return apply_stack(msg).value
+
+
+def _check_site_distribution(name: str, fn) -> None:
+    """A clear error for what is no distribution object at a sample site (a number, or a
+    distribution's class instead of an instance)."""
+    if isinstance(fn, torch.distributions.Distribution):
+        return
+    if isinstance(fn, type):
+        raise TypeError(
+            f"sample site {name!r}: got the class {fn.__name__}, not a distribution; give "
+            f"one with its parameters, e.g. {fn.__name__}(...)"
+        )
+    if not (callable(getattr(fn, "log_prob", None)) and callable(getattr(fn, "sample", None))):
+        raise TypeError(
+            f"sample site {name!r}: the second argument must be a distribution (e.g. "
+            f"dist.Normal(0.0, 1.0)), got {type(fn).__name__} {fn!r:.60}"
+        )
 
 
 def _masked_observe(name, fn, obs, obs_mask, infer):
@@ -178,8 +197,11 @@ def param(
     return apply_stack(msg).value
 
 
-def deterministic(name: str, value: torch.Tensor) -> torch.Tensor:
+def deterministic(name: str, value: torch.Tensor, event_dim: int | None = None) -> torch.Tensor:
     """Record ``value`` under ``name`` in traces and MCMC output.
+
+    ``event_dim`` is taken for Pyro's signature (there it sets the event dims of the
+    site's ``Delta``); a deterministic site has no density here, so it changes nothing.
 
     Example::
 
@@ -215,8 +237,15 @@ def factor(name: str, log_factor: torch.Tensor, has_rsample: bool | None = None)
     sample(name, unit, obs=unit.sample(), infer={"is_auxiliary": True})
 
 
-def module(name: str, nn_module: torch.nn.Module) -> torch.nn.Module:
+def module(
+    name: str, nn_module: torch.nn.Module, update_module_params: bool = False
+) -> torch.nn.Module:
     """Register the parameters of ``nn_module`` as params named ``f"{name}$$${param}"``.
+
+    The store keeps the module's own parameter tensors (values loaded into the store
+    before are written into them), so the module always holds the store's values, which
+    Pyro's ``update_module_params=True`` asks for; the argument is taken for Pyro's
+    signature.
 
     Parameters with ``requires_grad=False`` (a frozen, pre-trained part) are not registered,
     as in Pyro: inference leaves them as they are.
@@ -249,6 +278,7 @@ def module(name: str, nn_module: torch.nn.Module) -> torch.nn.Module:
 
 def _subsample_default(msg: Message) -> torch.Tensor:
     size, subsample_size = msg.args
+    msg.extra["drawn"] = True  # by the plate itself, not given by a handler
     if subsample_size >= size:
         return torch.arange(size)
     _require_seed(msg, "plate")
@@ -276,6 +306,8 @@ def _subsample_site(
     value = apply_stack(msg).value
     if given is not None:
         _check_given_indices(name, given, value)
+    elif not msg.extra.get("drawn", False):  # a handler gave them
+        _check_handler_indices(name, size, value)
     return value
 
 
@@ -386,6 +418,40 @@ def _given_subsample(name: str, size: int, indices, subsample_size) -> tuple[tor
     return indices, count
 
 
+def _plate_count(name: str, what: str, count) -> int:
+    """A plate's ``size`` or ``subsample_size`` as a non-negative int (an integer, a NumPy
+    integer or a one-element integer tensor; a float only if it is whole)."""
+    if isinstance(count, torch.Tensor) and count.numel() == 1:
+        count = count.item()
+    if isinstance(count, float) and count.is_integer():
+        count = int(count)
+    try:
+        count = operator.index(count)
+    except TypeError:
+        raise TypeError(
+            f"plate {name!r}: {what} must be an integer, got {count!r} ({type(count).__name__})"
+        ) from None
+    if count < 0:
+        raise ValueError(f"plate {name!r}: {what} must be >= 0, got {count}")
+    return count
+
+
+def _check_handler_indices(name: str, size: int, indices: torch.Tensor) -> None:
+    """Indices a handler gave a plate (replay of a guide's trace, substitute) must be rows
+    of this plate: a guide that built the plate with another size gives others."""
+    count = int(indices.shape[0])
+    out = (
+        readable(indices) and count and not (0 <= int(indices.min()) and int(indices.max()) < size)
+    )
+    if count > size or out:
+        got = f"[{int(indices.min())}, {int(indices.max())}]" if readable(indices) else "?"
+        raise ValueError(
+            f"plate {name!r} has size {size}, but a handler (replay of the guide's trace, or "
+            f"substitute) gave it {count} indices in {got}: do the model and the guide build "
+            f"this plate with different sizes?"
+        )
+
+
 class plate(Messenger):
     """A vectorized conditional-independence context of ``size`` elements along ``dim``.
 
@@ -397,7 +463,9 @@ class plate(Messenger):
     times uses the same subsample each time. ``subsample=indices`` gives the indices
     instead (a minibatch chosen by a data loader): ``subsample_size`` is their number. As in
     Pyro, they may be a 1-d integer tensor, or a list, tuple or numpy array of integers
-    (converted to a ``torch.long`` tensor, which entering the plate returns).
+    (converted to a ``torch.long`` tensor, which entering the plate returns). The arguments
+    come in Pyro's order, ``plate(name, size, subsample_size, subsample, dim)``; ``device``
+    is where the indices are made (as Pyro's; the default device otherwise).
 
     Iterated, ``for i in pt.plate("groups", n):``, it is Pyro's sequential plate: the body
     runs once per index (a Python int), not vectorized, with the sites in it scaled by
@@ -426,25 +494,31 @@ class plate(Messenger):
         name: str,
         size: int,
         subsample_size: int | None = None,
-        dim: int | None = None,
         subsample: torch.Tensor | Sequence[int] | None = None,
+        dim: int | None = None,
+        device: torch.device | str | None = None,
     ):
         super().__init__()
-        size = int(size)
-        if size < 0:
-            raise ValueError(f"plate {name!r}: size must be >= 0, got {size}")
+        size = _plate_count(name, "size", size)
         if subsample is not None:
             subsample, subsample_size = _given_subsample(name, size, subsample, subsample_size)
         asked = subsample_size
         if subsample_size is None:
             subsample_size = size
-        subsample_size = int(subsample_size)
-        if not 0 <= subsample_size <= size:
+        subsample_size = _plate_count(name, "subsample_size", subsample_size)
+        if not min(1, size) <= subsample_size <= size:
             raise ValueError(
-                f"plate {name!r}: subsample_size must lie in [0, size={size}], got {subsample_size}"
+                f"plate {name!r}: subsample_size must lie in [1, size={size}], got {subsample_size}"
             )
-        if dim is not None and dim >= 0:
-            raise ValueError(f"plate {name!r}: dim must be negative, got {dim}")
+        if dim is not None:
+            try:
+                dim = operator.index(dim)
+            except TypeError:
+                raise TypeError(
+                    f"plate {name!r}: dim must be a negative integer, got {dim!r}"
+                ) from None
+            if dim >= 0:
+                raise ValueError(f"plate {name!r}: dim must be negative, got {dim}")
         self.name = name
         self.size = size
         self.subsample_size = subsample_size
@@ -466,6 +540,8 @@ class plate(Messenger):
         if subsample is None and indices.shape[0] == size and readable(indices):
             # a handler gave all rows, permuted (the guide's given indices, replayed)
             self._given = not _every_row_in_order(indices, size)
+        if device is not None:
+            indices = indices.to(device)
         self.indices: torch.Tensor = indices
 
     def __iter__(self):

@@ -41,7 +41,9 @@ class Message:
     """What a primitive sends through the handler stack; a trace stores one per site.
 
     Attribute access is the primary interface; ``msg["value"]`` also works, as in Pyro and
-    NumPyro traces.
+    NumPyro traces, with Pyro's dict view: ``"log_prob" in msg`` once it is computed,
+    ``msg["scale"]`` 1.0 where the attribute is None, ``msg["log_prob_sum"]``, and keys of
+    the user's own kept in ``extra``.
     """
 
     __slots__ = (
@@ -94,14 +96,37 @@ class Message:
         self.log_prob = None  # filled by Trace.compute_log_prob
         self.extra: dict = {}
 
+    # -- Pyro's dict view of a site: site["value"], "log_prob" in site, site.keys() -------
     def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
+        if key in _ITEM_KEYS:
+            value = getattr(self, key)
+            return 1.0 if key == "scale" and value is None else value  # Pyro's default
+        if key in self.extra:
+            return self.extra[key]
+        raise KeyError(
+            f"site {self.name!r} has no entry {key!r}; its entries: {', '.join(_ITEM_KEYS)}"
+        )
 
     def __setitem__(self, key: str, value: Any) -> None:
-        setattr(self, key, value)
+        if key in _ITEM_KEYS and key != "log_prob_sum":
+            setattr(self, key, value)
+        else:  # a user's own entry, as in Pyro's dict
+            self.extra[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.extra or (key in _ITEM_KEYS and getattr(self, key) is not None)
+
+    def keys(self) -> list[str]:
+        """The entries the site holds (those not None), as Pyro's site dict's keys."""
+        return [key for key in (*_ITEM_KEYS, *self.extra) if key in self]
 
     def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
+        return self[key] if key in self else default
+
+    @property
+    def log_prob_sum(self) -> torch.Tensor | None:
+        """The sum of ``log_prob`` once :meth:`Trace.compute_log_prob` has filled it."""
+        return None if self.log_prob is None else self.log_prob.sum()
 
     def copy(self) -> Message:
         new = Message.__new__(Message)
@@ -117,6 +142,9 @@ class Message:
         value = self.value
         shown = tuple(value.shape) if isinstance(value, torch.Tensor) else value
         return f"Message(type={self.type!r}, name={self.name!r}, value={shown})"
+
+
+_ITEM_KEYS = (*Message.__slots__, "log_prob_sum")
 
 
 def apply_stack(msg: Message, outside_of: Messenger | None = None) -> Message:

@@ -919,3 +919,175 @@ def test_set_rng_seed_seeds_torch_numpy_and_python_as_pyros():
     assert not torch.equal(torch.rand(3), first[0])
     with pytest.raises(TypeError, match="set_rng_seed takes an integer seed, got 1.5"):
         pt.set_rng_seed(1.5)
+
+
+# -- Pyro's behaviour a ported model relies on (a differential review against pyro.poutine)
+
+
+def _two_site_model():
+    a = pt.sample("a", dist.Normal(0.0, 1.0))
+    return pt.sample("y", dist.Normal(a, 1.0))
+
+
+def test_a_value_none_leaves_its_site_latent_under_condition_and_do():
+    """Pyro's prior predictive idiom: condition(model, {"y": y}) with y = None."""
+    for handler in (condition, do):
+        tr = trace(seed(handler(_two_site_model, data={"a": None, "y": None}), 0)).get_trace()
+        assert list(tr) == ["a", "y"]
+        assert not tr["a"].is_observed and not tr["y"].is_observed
+        plain = trace(seed(_two_site_model, 0)).get_trace()
+        assert torch.equal(tr["y"].value, plain["y"].value)
+
+
+def test_a_value_that_is_no_number_is_an_error_naming_the_site():
+    with pytest.raises(TypeError, match="condition: the value for site 'a' must be a tensor.*str"):
+        condition(_two_site_model, data={"a": "abc"})()
+    with pytest.raises(TypeError, match="do: the value for site 'a' must be a tensor"):
+        seed(do(_two_site_model, data={"a": "abc"}), 0)()
+
+
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        (3.0, "sample site 'x': the second argument must be a distribution .*got float 3.0"),
+        (dist.Normal, r"sample site 'x': got the class Normal, not a distribution"),
+    ],
+)
+def test_a_sample_site_without_a_distribution_is_named(fn, match):
+    with pytest.raises(TypeError, match=match):
+        seed(lambda: pt.sample("x", fn), 0)()
+
+
+@pytest.mark.parametrize("guide_plate", [(4, None), (10, 3)])
+def test_a_replayed_plate_of_another_size_is_refused_naming_it(guide_plate):
+    """A guide whose plate has another size than the model's gives rows the model's plate
+    does not have (Pyro takes them silently: sites scaled by 3/4, data of 3 rows)."""
+
+    def guide():
+        with pt.plate("N", guide_plate[0], subsample_size=guide_plate[1]):
+            pt.sample("z", dist.Normal(0.0, 1.0))
+
+    def model():
+        with pt.plate("N", 3):
+            pt.sample("z", dist.Normal(0.0, 1.0))
+
+    guide_trace = trace(seed(guide, 0)).get_trace()
+    with pytest.raises(ValueError, match="plate 'N' has size 3, but a handler .* gave it"):
+        replay(seed(model, 1), trace=guide_trace)()
+
+
+def test_block_by_sample_type_keeps_a_plates_rows_for_the_model():
+    """Pyro's subsample site is a "sample" site: a guide blocked to expose its sample sites
+    still hands its rows to the model, and hiding sample sites hides them."""
+
+    def guide():
+        with pt.plate("data", 100, subsample_size=5):
+            pt.sample("z", dist.Normal(0.0, 1.0))
+
+    def model():
+        with pt.plate("data", 100, subsample_size=5) as rows:
+            pt.sample("z", dist.Normal(0.0, 1.0))
+        return rows
+
+    guide_trace = trace(seed(block(guide, expose_types=["sample"]), 0)).get_trace()
+    assert list(guide_trace) == ["data", "z"]
+    rows = replay(seed(model, 1), trace=guide_trace)()
+    assert torch.equal(rows, guide_trace["data"].value)
+    assert list(trace(seed(block(guide, hide_types=["sample"]), 0)).get_trace()) == []
+    assert list(trace(seed(block(guide, expose_types=["plate"]), 0)).get_trace()) == ["data"]
+
+
+def test_plate_takes_pyros_argument_order_and_refuses_sizes_that_are_no_counts():
+    rows = torch.tensor([1, 4])
+    with pt.plate("N", 10, 2, rows) as idx:  # Pyro: (name, size, subsample_size, subsample)
+        assert torch.equal(idx, rows)
+    with pytest.raises(TypeError, match=r"plate 'N': size must be an integer, got 3.5"):
+        pt.plate("N", 7 / 2)
+    with pytest.raises(ValueError, match=r"plate 'N': subsample_size must lie in \[1, size=5\]"):
+        pt.plate("N", 5, subsample_size=0)
+    with pytest.raises(TypeError, match="plate 'N': dim must be a negative integer"):
+        pt.plate("N", 5, dim=torch.tensor([1, 2]))
+    with pt.plate("N", 3.0, device="cpu") as idx:  # a whole float, and Pyro's device
+        assert idx.tolist() == [0, 1, 2]
+    with pt.plate("empty", 0) as idx:  # no data: a plate of no rows
+        assert idx.numel() == 0
+
+
+def test_infer_config_updates_observed_sites_and_params_as_pyros():
+    def model():
+        pt.param("s", torch.tensor(1.0))
+        a = pt.sample("a", dist.Bernoulli(0.5))
+        pt.sample("y", dist.Bernoulli(0.5), obs=a)
+
+    tagged = pt.handlers.infer_config(model, lambda msg: {"tag": msg.name})
+    with pt.param_scope(pt.ParamStore()):
+        tr = trace(seed(tagged, 0)).get_trace()
+    assert {name: site.infer for name, site in tr.items()} == {
+        "s": {"tag": "s"},
+        "a": {"tag": "a"},
+        "y": {"tag": "y"},
+    }
+    enumerated = trace(seed(pt.handlers.config_enumerate(model), 0))
+    with pt.param_scope(pt.ParamStore()):
+        tr = enumerated.get_trace()
+    assert tr["a"].infer == {"enumerate": "parallel"} and tr["y"].infer == {}
+
+
+def test_seed_seeds_and_restores_numpys_and_pythons_generators_as_pyros():
+    import random
+
+    def model():
+        return np.random.randint(100, size=3).tolist(), random.random()
+
+    np.random.seed(7)
+    random.seed(7)
+    before = (np.random.get_state()[1].copy(), random.getstate())
+    first, second = seed(model, 3)(), seed(model, 3)()
+    assert first == second
+    assert np.array_equal(np.random.get_state()[1], before[0]) and random.getstate() == before[1]
+
+
+def test_sites_read_as_pyros_dicts():
+    def model():
+        with pt.plate("n", 2):
+            pt.sample("y", dist.Normal(0.0, 1.0), obs=torch.zeros(2))
+
+    site = trace(model).get_trace()["y"]
+    assert "log_prob" not in site and site.get("log_prob_sum") is None
+    trace_ = trace(model).get_trace()
+    trace_.compute_log_prob()
+    site = trace_["y"]
+    assert "log_prob" in site and "value" in site
+    expected = 2 * stats.norm.logpdf(0.0)
+    assert abs(float(site["log_prob_sum"]) - expected) < 1e-5
+    assert site["scale"] == 1.0 and site.scale is None  # Pyro's default scale
+    site["my_note"] = "kept"
+    assert site["my_note"] == "kept" and "my_note" in site.keys()
+    with pytest.raises(KeyError, match="site 'y' has no entry 'unknown'"):
+        site["unknown"]
+
+
+def test_trace_answers_pyros_trace_api():
+    def model():
+        pt.param("p", torch.tensor(0.5))
+        x = pt.sample("x", dist.Normal(0.0, 1.0))
+        pt.sample("y", dist.Normal(x, 1.0), obs=torch.tensor(1.0))
+
+    with pt.param_scope(pt.ParamStore()), trace() as tr, seed(rng_seed=0):
+        model()
+    assert tr.trace is tr  # Pyro's `with poutine.trace() as tr: ...; tr.trace`
+    assert (tr.stochastic_nodes, tr.observation_nodes, tr.param_nodes) == (["x"], ["y"], ["p"])
+    only_y = tr.log_prob_sum(lambda name, site: name == "y")
+    x = float(tr["x"].value)
+    assert abs(float(only_y) - stats.norm.logpdf(1.0, loc=x)) < 1e-5
+
+
+def test_pyros_keywords_of_deterministic_and_module_are_taken():
+    with trace() as tr:
+        pt.deterministic("d", torch.zeros(3, 2), event_dim=1)
+    assert tr["d"].value.shape == (3, 2)
+    net = torch.nn.Linear(2, 1)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        assert pt.module("net", net, update_module_params=True) is net
+    assert store["net$$$weight"] is net.weight

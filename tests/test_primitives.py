@@ -376,7 +376,7 @@ def test_plate_explicit_dim_collision_and_bad_arguments():
         pt.plate("p", 3, dim=0)
     with pytest.raises(ValueError, match="size must be >= 0"):
         pt.plate("p", -1)
-    with pytest.raises(ValueError, match=r"subsample_size must lie in \[0, size=3\]"):
+    with pytest.raises(ValueError, match=r"subsample_size must lie in \[1, size=3\]"):
         pt.plate("p", 3, subsample_size=4)
 
 
