@@ -176,6 +176,55 @@ class Trace(OrderedDict):
         """Pyro's spelling: ``trace.nodes[name]["value"]``."""
         return self
 
+    def format_shapes(self, compute_log_prob: bool = False, last_site: str | None = None) -> str:
+        """A table of each site's shapes (Pyro's ``Trace.format_shapes``): batch dims left
+        of ``|``, event dims right of it; for a sample site its distribution's, its value's
+        and (once computed, or with ``compute_log_prob``) its log density's; a plate's
+        indices; a param's and a deterministic site's value. ``last_site`` ends the table
+        at that site.
+
+        Example::
+
+            >>> import probtorch as pt, probtorch.distributions as dist
+            >>> def model():
+            ...     with pt.plate("n", 5):
+            ...         pt.sample("x", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+            >>> tr = pt.handlers.trace(pt.handlers.seed(model, 0)).get_trace()
+            >>> print(tr.format_shapes(compute_log_prob=True))
+            Trace Shapes:
+             Param Sites:
+            Sample Sites:
+                  n plate 5 |
+                   x dist 5 | 2
+                    value 5 | 2
+                 log_prob 5 |
+        """
+        if compute_log_prob:
+            self.compute_log_prob()
+        params, others = [], []
+        for name, site in self.items():
+            if site.type == "param":
+                params.append((name, tuple(site.value.shape), None))
+            elif site.type == "sample":
+                event = len(site.fn.event_shape)
+                value = tuple(site.value.shape)
+                cut = len(value) - event
+                others.append(
+                    (f"{name} dist", tuple(site.fn.batch_shape), tuple(site.fn.event_shape))
+                )
+                others.append(("value", value[:cut], value[cut:]))
+                if site.log_prob is not None:
+                    others.append(("log_prob", tuple(site.log_prob.shape), ()))
+            elif site.type == "plate":
+                others.append((f"{name} plate", tuple(site.value.shape), ()))
+            elif site.type == "deterministic":
+                others.append((f"{name} value", tuple(torch.as_tensor(site.value).shape), ()))
+            if name == last_site:
+                break
+        rows = [("Trace Shapes:", (), None), ("Param Sites:", (), None)] + params
+        rows += [("Sample Sites:", (), None)] + others
+        return _shape_table(rows)
+
     @property
     def trace(self) -> Trace:
         """Itself: ``with pt.handlers.trace() as tr`` gives the trace (as NumPyro), and
@@ -196,6 +245,29 @@ class Trace(OrderedDict):
     def param_nodes(self) -> list[str]:
         """The params' names (Pyro's)."""
         return [name for name, site in self.items() if site.type == "param"]
+
+
+def _shape_table(rows: list[tuple[str, tuple, tuple | None]]) -> str:
+    """Rows ``(label, batch dims, event dims or None)`` aligned: labels right, batch dims in
+    right-aligned columns, ``|``, event dims left-aligned (no ``|`` for None)."""
+    nb = max(len(batch) for _, batch, _ in rows)
+    ne = max(len(event or ()) for _, _, event in rows)
+    label_width = max(len(label) for label, _, _ in rows)
+    cells = [[""] * (nb - len(batch)) + [str(d) for d in batch] for _, batch, _ in rows]
+    events = [
+        [str(d) for d in (event or ())] + [""] * (ne - len(event or ())) for *_, event in rows
+    ]
+    batch_widths = [max(len(row[i]) for row in cells) for i in range(nb)]
+    event_widths = [max(len(row[i]) for row in events) for i in range(ne)]
+    lines = []
+    for (label, _, event), batch_cells, event_cells in zip(rows, cells, events):
+        parts = [label.rjust(label_width)]
+        parts += [cell.rjust(width) for cell, width in zip(batch_cells, batch_widths)]
+        if event is not None:
+            parts.append("|")
+            parts += [cell.ljust(width) for cell, width in zip(event_cells, event_widths)]
+        lines.append(" ".join(parts).rstrip())
+    return "\n".join(lines)
 
 
 def equal_indices(a: torch.Tensor, b: torch.Tensor) -> bool | None:

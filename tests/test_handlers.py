@@ -1091,3 +1091,33 @@ def test_pyros_keywords_of_deterministic_and_module_are_taken():
     with pt.param_scope(store):
         assert pt.module("net", net, update_module_params=True) is net
     assert store["net$$$weight"] is net.weight
+
+
+def test_format_shapes_lays_out_each_sites_batch_and_event_dims_as_pyros():
+    def model():
+        scale = pt.param("s", torch.ones(3))
+        with pt.plate("a", 5, dim=-2), pt.plate("b", 3):
+            x = pt.sample("x", dist.Normal(0.0, scale))
+            y = torch.zeros(5, 3, 2)
+            pt.sample("y", dist.MultivariateNormal(torch.zeros(2), torch.eye(2)), obs=y)
+        pt.deterministic("d", x.sum())
+
+    with pt.param_scope(pt.ParamStore()):
+        tr = trace(seed(model, 0)).get_trace()
+    expected = """\
+Trace Shapes:
+ Param Sites:
+            s   3
+Sample Sites:
+      a plate   5 |
+      b plate   3 |
+       x dist 5 3 |
+        value 5 3 |
+     log_prob 5 3 |
+       y dist 5 3 | 2
+        value 5 3 | 2
+     log_prob 5 3 |
+      d value     |"""
+    assert tr.format_shapes(compute_log_prob=True) == expected
+    cut = [line.split() for line in tr.format_shapes(last_site="b").splitlines()]
+    assert cut == [line.split() for line in expected.splitlines()[:6]]
