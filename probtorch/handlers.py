@@ -24,6 +24,7 @@ __all__ = [
     "seed",
     "substitute",
     "condition",
+    "uncondition",
     "block",
     "replay",
     "scale",
@@ -496,6 +497,31 @@ class condition(Messenger):
         msg.value = _as_site_value("condition", msg.name, value)
         msg.is_observed = True
         msg.extra["conditioned"] = True  # fixed by the user: Predictive keeps the value
+
+
+class uncondition(Messenger):
+    """Draw the observed sample sites instead of observing them (Pyro's
+    ``poutine.uncondition``): a model written with ``obs=`` simulates its data. The
+    observation stays in the site's ``infer["obs"]`` (with ``infer["was_observed"]``);
+    ``pt.factor`` sites, which draw nothing, stay as they are.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model(y):
+        ...     return pt.sample("y", dist.Normal(0.0, 1.0), obs=y)
+        >>> tr = pt.handlers.trace(pt.handlers.seed(pt.handlers.uncondition(model), 0))
+        >>> site = tr.get_trace(torch.tensor(5.0))["y"]
+        >>> site.is_observed, float(site.infer["obs"]), bool(site.value != 5.0)
+        (False, 5.0, True)
+    """
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "sample" or not msg.is_observed or msg.infer.get("is_auxiliary"):
+            return
+        msg.infer = {**msg.infer, "obs": msg.value, "was_observed": True}
+        msg.value = None
+        msg.is_observed = False
 
 
 class block(Messenger):

@@ -1121,3 +1121,21 @@ Sample Sites:
     assert tr.format_shapes(compute_log_prob=True) == expected
     cut = [line.split() for line in tr.format_shapes(last_site="b").splitlines()]
     assert cut == [line.split() for line in expected.splitlines()[:6]]
+
+
+def test_uncondition_draws_the_observed_sites_as_pyros():
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        with pt.plate("n", 3):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+        pt.factor("penalty", -(mu**2))
+
+    y = torch.full((3,), 5.0)
+    tr = trace(seed(pt.handlers.uncondition(model), 0)).get_trace(y)
+    assert not tr["y"].is_observed and tr["y"].infer == {"obs": y, "was_observed": True}
+    assert tr["penalty"].is_observed  # a factor draws nothing
+    # the drawn y is the model's own draw given mu: the same as a run with obs=None
+    free = trace(seed(model, 0)).get_trace(None)
+    assert torch.equal(tr["y"].value, free["y"].value)
+    outer = trace(seed(condition(pt.handlers.uncondition(model), {"y": y}), 0)).get_trace(None)
+    assert outer["y"].is_observed  # a condition outside observes again, as in Pyro
