@@ -410,12 +410,21 @@ def _given_subsample(name: str, size: int, indices, subsample_size) -> tuple[tor
         raise ValueError(
             f"plate {name!r}: subsample_size={subsample_size} but subsample has {count} indices"
         )
-    if readable(indices) and count and not (0 <= int(indices.min()) and int(indices.max()) < size):
+    span = _span_outside(indices, size)
+    if span:
         raise ValueError(
-            f"plate {name!r}: subsample indices must lie in [0, size={size}), got "
-            f"[{int(indices.min())}, {int(indices.max())}]"
+            f"plate {name!r}: subsample indices must lie in [0, size={size}), got {span}"
         )
     return indices, count
+
+
+def _span_outside(indices: torch.Tensor, size: int) -> str | None:
+    """``"[min, max]"`` of readable, non-empty ``indices`` that are not all rows of a plate
+    of ``size``; None otherwise."""
+    if not (readable(indices) and indices.numel()):
+        return None
+    low, high = int(indices.min()), int(indices.max())
+    return None if 0 <= low and high < size else f"[{low}, {high}]"
 
 
 def _plate_count(name: str, what: str, count) -> int:
@@ -439,15 +448,12 @@ def _plate_count(name: str, what: str, count) -> int:
 def _check_handler_indices(name: str, size: int, indices: torch.Tensor) -> None:
     """Indices a handler gave a plate (replay of a guide's trace, substitute) must be rows
     of this plate: a guide that built the plate with another size gives others."""
-    count = int(indices.shape[0])
-    out = (
-        readable(indices) and count and not (0 <= int(indices.min()) and int(indices.max()) < size)
-    )
-    if count > size or out:
-        got = f"[{int(indices.min())}, {int(indices.max())}]" if readable(indices) else "?"
+    count, span = int(indices.shape[0]), _span_outside(indices, size)
+    if count > size or span:
+        where = f" in {span}" if span else ""
         raise ValueError(
             f"plate {name!r} has size {size}, but a handler (replay of the guide's trace, or "
-            f"substitute) gave it {count} indices in {got}: do the model and the guide build "
+            f"substitute) gave it {count} indices{where}: do the model and the guide build "
             f"this plate with different sizes?"
         )
 
