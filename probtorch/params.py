@@ -324,6 +324,25 @@ def store_chosen() -> bool:
     return any(isinstance(h, param_scope) for h in get_stack())
 
 
+def fitted_params(*fns: Callable | None) -> dict[str, torch.Tensor] | None:
+    """The params (detached, by name) of the SVI that last fitted the first of ``fns`` an SVI
+    fitted, as Pyro's one param store holds them after ``svi.step``; None where the caller
+    chose a store (:func:`store_chosen`: it is read instead) or none of ``fns`` was fitted.
+
+    Example::
+
+        >>> fitted_params(lambda: None) is None
+        True
+    """
+    if store_chosen():
+        return None
+    for fn in fns:
+        store = None if fn is None else fitted_store_of(fn)
+        if store is not None:
+            return {name: store[name].detach() for name in store}
+    return None
+
+
 def fitted_store_of(fn: Callable) -> ParamStore | None:
     """The store of the last SVI that fitted ``fn``, or None.
 

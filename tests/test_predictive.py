@@ -615,6 +615,43 @@ def test_predictive_after_svi_steps_reads_what_the_svi_fitted():
     assert "loc" in other and "loc" not in pt.get_param_store()
 
 
+def _param_model(y):
+    sigma = pt.param(
+        "sigma", torch.tensor(1.0), constraint=torch.distributions.constraints.positive
+    )
+    mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+    with pt.plate("n", len(y)):
+        pt.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
+def test_log_likelihood_and_laplace_after_svi_steps_read_what_the_svi_fitted():
+    """As Predictive: without params, ``log_likelihood`` and ``laplace_approximation`` read
+    the model's params (and the guide's) of the SVI that fitted them. They read the
+    default store, where the model's sigma sat at its initial 1.0 (fitted: 0.52): the
+    log likelihood and the Laplace variance (3.7 times the right one) were silently wrong."""
+    from probtorch.inference import SVI, Trace_ELBO, log_likelihood
+    from probtorch.inference.autoguide import AutoLaplaceApproximation
+
+    g = torch.Generator().manual_seed(0)
+    y = 0.5 * torch.randn(20, generator=g) + 3.0
+    guide = AutoLaplaceApproximation(_param_model)
+    svi = SVI(_param_model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=False)
+    for _ in range(300):
+        svi.step(y)
+    fitted = svi.get_params()
+    sigma = float(fitted["sigma"])
+    assert 0.4 < sigma < 0.7
+    draws = {"mu": fitted["auto.loc"].expand(3)}
+    given = log_likelihood(_param_model, draws, y, params=fitted)["y"]
+    assert torch.equal(log_likelihood(_param_model, draws, y)["y"], given)
+    expected = torch.distributions.Normal(fitted["auto.loc"], sigma).log_prob(y)
+    torch.testing.assert_close(given[0], expected)
+    variance = float(guide.laplace_approximation(y).get_posterior().covariance_matrix)
+    exact = 1 / (len(y) / sigma**2 + 1 / 100)  # the posterior of mu at the fitted sigma
+    assert math.isclose(variance, exact, rel_tol=1e-4)
+    assert "sigma" not in pt.get_param_store()
+
+
 def test_a_numpyro_rng_key_as_the_first_argument_of_a_call_is_explained():
     """NumPyro's ``Predictive(model, samples)(rng_key, *args)``: the key became the model's
     first argument and the model's bare TypeError followed; ``MCMC.run`` explained it."""

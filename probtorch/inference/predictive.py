@@ -34,7 +34,7 @@ import torch
 from .._caller import warn_at_caller
 from .._errors import explaining_rng_key
 from ..handlers import Trace, seed, substitute, trace
-from ..params import fitted_store_of, store_chosen
+from ..params import fitted_params
 from ..primitives import deterministic, plate
 from ..runtime import Message, Messenger, get_stack
 from ..validation import num_event_dims
@@ -297,14 +297,7 @@ class Predictive:
         active store)."""
         if self.params is not None:
             return self.params
-        if store_chosen():
-            return None
-        store = fitted_store_of(self.guide) if self.guide is not None else None
-        if store is None:
-            store = fitted_store_of(self.model)
-        if store is None:
-            return None
-        return {name: store[name].detach() for name in store}
+        return fitted_params(self.guide, self.model)
 
     # -- posterior draws -------------------------------------------------------------
     def _posterior_draws(self, args, kwargs, params) -> tuple[dict, dict]:
@@ -658,8 +651,9 @@ def log_likelihood(
     or another sampler's. ``posterior_samples`` hold a value per latent site (constrained,
     with ``batch_ndims`` leading dims: 1 for ``(draws,)``, 2 for ``(chains, draws)``);
     other entries (deterministic sites) are ignored. ``params`` are substituted into
-    ``pt.param`` sites of the model. The result carries no autograd history (the model's
-    params require grad), as ``MCMC.to_inference_data``'s.
+    ``pt.param`` sites of the model; without them (and outside a ``pt.param_scope``) those
+    of the SVI that last fitted the model, as :class:`Predictive` reads them. The result
+    carries no autograd history (the model's params require grad), as ``MCMC.to_inference_data``'s.
 
     Example::
 
@@ -679,6 +673,8 @@ def log_likelihood(
         raise ValueError(f"batch_ndims must be 1 (draws) or 2 (chains, draws), got {batch_ndims}")
     if not posterior_samples:
         raise ValueError("log_likelihood needs posterior_samples: a dict of draws per site")
+    if params is None:  # the model's params as the SVI that fitted it left them, if one did
+        params = fitted_params(model)
     potential = _potential_of_draws(
         model, params, args, kwargs, posterior_samples, "posterior_samples lack the latent sites"
     )

@@ -18,6 +18,7 @@ import torch
 from torch.distributions import constraints
 
 from ...handlers import substitute, trace
+from ...params import fitted_params
 from ...primitives import sample
 from ...validation import enable_validation, innermost, is_validation_enabled, torch_validation
 from .base import (
@@ -384,11 +385,14 @@ class AutoLaplaceApproximation(AutoContinuous):
         """The Laplace approximation at the fitted mode, as an ``AutoMultivariateNormal``.
 
         ``args``/``kwargs`` are the model's; ``params`` are the fitted params (SVI's
-        ``result.params``, which also supply the model's own params) or, when None, the
-        active param store. The returned guide has fixed params (``loc`` and the Cholesky
-        factor of the inverse Hessian); it reads nothing from a param store.
+        ``result.params``, which also supply the model's own params) or, when None, those
+        of the SVI that fitted this guide (in a ``pt.param_scope``: that store). The
+        returned guide has fixed params (``loc`` and the Cholesky factor of the inverse
+        Hessian); it reads nothing from a param store.
         """
         self._ensure_prototype(args, kwargs)
+        if params is None:  # the SVI's that fitted this guide: its loc and the model's params
+            params = fitted_params(self, self.model)
         loc = self._lookup_params(params)["loc"].detach()
         was = is_validation_enabled()
         enable_validation(False)  # the values come from the fitted guide; no re-checks
