@@ -104,7 +104,9 @@ def test_batchnorm_in_training_mode_trains_as_plain_autograd_does(compiled):
     assert int(net[1].num_batches_tracked) == 4
     # the step's state holds BatchNorm's three buffers, which it writes, not the offset
     assert sorted(attr for _, attr, _ in svi._module_buffers.values()) == [
-        "num_batches_tracked", "running_mean", "running_var"
+        "num_batches_tracked",
+        "running_mean",
+        "running_var",
     ]
 
 
@@ -541,3 +543,50 @@ def test_a_param_attribute_is_a_constrained_param_that_svi_fits():
     torch.testing.assert_close(store["layer.bias"], start)
     assert [n for n, _ in layer.named_parameters()] == ["weight"]
     assert "layer.bias" not in layer.random_attributes()
+
+
+def test_children_added_with_add_module_are_named_under_their_parent_as_pyros():
+    """``add_module`` (``register_module``, a ``Module[nn.ModuleList]``'s ``append``) went
+    around ``__setattr__``: the children's sites were named ``weight``, ``bias``, and two
+    layers collided ("two sites are named 'weight'")."""
+
+    class Net(pt.nn.Module):
+        def __init__(self):
+            super().__init__(name="bnn")
+            for i in range(2):
+                self.add_module(f"layer{i}", pt.nn.BayesianLinear(2, 2))
+            self.register_module("head", pt.nn.BayesianLinear(2, 1))
+            self.stack = pt.nn.Module[torch.nn.ModuleList]()
+            self.stack.append(pt.nn.BayesianLinear(1, 1))
+
+        def forward(self, x):
+            hidden = self.layer1(torch.tanh(self.layer0(x)))
+            return self.stack[0](self.head(hidden))
+
+    tr = _trace(Net(), torch.ones(4, 2))
+    names = [name for name, site in tr.items() if site.type == "sample"]
+    assert names == [
+        f"bnn.{layer}.{p}"
+        for layer in ("layer0", "layer1", "head", "stack.0")
+        for p in ("weight", "bias")
+    ]
+
+
+def test_a_prior_function_returning_a_tensor_is_a_deterministic_site_as_pyros():
+    class Net(pt.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = pt.nn.Sample(dist.Normal(0.0, 1.0))
+            self.b = pt.nn.Sample(lambda module: 2.0 * module.a)
+
+        def forward(self):
+            return self.b
+
+    tr = _trace(Net())
+    assert tr["b"].type == "deterministic"
+    assert torch.equal(tr["b"].value, 2.0 * tr["a"].value)
+
+
+def test_a_distribution_class_as_a_prior_is_refused_where_it_is_given():
+    with pytest.raises(TypeError, match=r"Sample got the class Normal; give a distribution"):
+        pt.nn.Sample(dist.Normal)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch.distributions import constraints
 
-from ..primitives import param, sample
+from ..primitives import deterministic, param, sample
 from .priors import fit_prior
 
 __all__ = ["Module", "Param", "Sample"]
@@ -39,9 +39,11 @@ class Sample:
     A callable is called with the module at each forward call and returns the distribution,
     so the prior may depend on the module's buffers (which move with ``.to()`` and
     ``.double()``; a fixed distribution does not) or on its other attributes, random ones
-    included (hierarchical priors). When the attribute replaces a parameter, a prior with an
-    empty ``event_shape`` is expanded to the parameter's shape (``Sample(dist.Normal(0, 1))``
-    on a ``(3, 2)`` weight is ``Normal(0, 1).expand([3, 2]).to_event(2)``).
+    included (hierarchical priors); a callable that returns a tensor makes the attribute a
+    deterministic site of that value, as Pyro's ``PyroSample``. When the attribute replaces a
+    parameter, a prior with an empty ``event_shape`` is expanded to the parameter's shape
+    (``Sample(dist.Normal(0, 1))`` on a ``(3, 2)`` weight is
+    ``Normal(0, 1).expand([3, 2]).to_event(2)``).
 
     Example::
 
@@ -56,6 +58,12 @@ class Sample:
     __slots__ = ("prior",)
 
     def __init__(self, prior):
+        if isinstance(prior, type):
+            raise TypeError(
+                f"Sample got the class {prior.__name__}; give a distribution, e.g. "
+                f"{prior.__name__}(...) with its parameters, or a function module -> "
+                f"distribution"
+            )
         if not (isinstance(prior, torch.distributions.Distribution) or callable(prior)):
             raise TypeError(
                 f"Sample needs a distribution or a callable module -> distribution, got "
@@ -251,6 +259,17 @@ class Module(torch.nn.Module, metaclass=_ModuleMeta):
         if priors is not None and isinstance(value, torch.nn.Module):
             _adopt(value, _join(self._pt_name, name), self._pt_context)
 
+    def add_module(self, name: str, module: torch.nn.Module | None) -> None:
+        """``nn.Module.add_module`` (also ``register_module``, and a ``Module[nn.ModuleList]``'s
+        ``append``): the child's random attributes are named under this module, as when it
+        is assigned as an attribute."""
+        super().add_module(name, module)
+        priors = self.__dict__.get("_pt_priors")
+        if priors is not None:
+            priors.pop(name, None)
+            if module is not None:
+                _adopt(module, _join(self._pt_name, name), self._pt_context)
+
     def __getattr__(self, name: str):
         priors = self.__dict__.get("_pt_priors")
         if priors is not None and name in priors:
@@ -277,9 +296,12 @@ class Module(torch.nn.Module, metaclass=_ModuleMeta):
             return context.values[site]
         if not isinstance(prior, torch.distributions.Distribution):
             prior = prior(self)
-        if shape is not None:
-            prior = fit_prior(prior, shape, site)
-        value = sample(site, prior)
+        if isinstance(prior, torch.Tensor):  # as Pyro's: a deterministic site of the module
+            value = deterministic(site, prior)
+        else:
+            if shape is not None:
+                prior = fit_prior(prior, shape, site)
+            value = sample(site, prior)
         if context.depth > 0:
             context.values[site] = value
         return value
