@@ -972,3 +972,31 @@ def test_pyros_median_and_quantiles_with_model_arguments_are_explained(guide_cla
             guide.quantiles([0.5], y, y, y)
         assert guide.median()["mu"].shape == (3,)
         assert guide.quantiles([0.25, 0.75])["mu"].shape == (2, 3)
+
+
+def test_pyros_spellings_of_autoguide_and_init_options_are_taken():
+    """Pyro's ``AutoIAFNormal(hidden_dim=)`` and ``init_to_value(fallback=)`` were
+    TypeErrors; ``AutoDelta.quantiles`` before set-up named ``median``."""
+    from probtorch.inference.autoguide import AutoDelta, AutoIAFNormal
+    from probtorch.inference.init_strategies import init_to_feasible, init_to_value
+
+    def model():
+        pt.sample("a", dist.Normal(0.0, 1.0))
+        pt.sample("b", dist.HalfNormal(1.0))
+
+    assert AutoIAFNormal(model, hidden_dim=7).hidden_dims == [7]
+    assert AutoIAFNormal(model, hidden_dim=[5, 6]).hidden_dims == [5, 6]
+    with pytest.raises(TypeError, match="hidden_dims or Pyro's hidden_dim, not both"):
+        AutoIAFNormal(model, hidden_dim=3, hidden_dims=[3])
+    strategy = init_to_value(values={"a": torch.tensor(0.5)}, fallback=init_to_feasible)
+    guide = AutoDelta(model, init_loc_fn=strategy)
+    with pt.param_scope(pt.ParamStore()), pt.handlers.seed(rng_seed=0):
+        guide()
+        median = guide.median()
+    assert float(median["a"]) == 0.5 and float(median["b"]) == pytest.approx(1.0)  # feasible
+    strict = AutoDelta(model, init_loc_fn=init_to_value(values={"a": 0.5}, fallback=None))
+    with pytest.raises(ValueError, match="no initial value for site 'b'"):
+        with pt.param_scope(pt.ParamStore()), pt.handlers.seed(rng_seed=0):
+            strict()
+    with pytest.raises(RuntimeError, match=r"AutoDelta\.quantiles: the guide has not been set up"):
+        AutoDelta(model).quantiles([0.5])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -182,8 +183,15 @@ def init_to_sample(site: Message | None = None):
         return init_to_uniform(site)
 
 
-def init_to_value(site: Message | None = None, values: dict | None = None, radius: float = 2.0):
-    """The given constrained ``values``; other latent sites start ``init_to_uniform``.
+def init_to_value(
+    site: Message | None = None,
+    values: dict | None = None,
+    radius: float = 2.0,
+    *,
+    fallback: Callable | None = init_to_uniform,
+):
+    """The given constrained ``values``; other latent sites start by ``fallback`` (Pyro's
+    keyword; ``init_to_uniform`` with ``radius`` by default; None: an error for them).
 
     Example::
 
@@ -193,7 +201,7 @@ def init_to_value(site: Message | None = None, values: dict | None = None, radiu
         1.5
     """
     if site is None:
-        return functools.partial(init_to_value, values=values, radius=radius)
+        return functools.partial(init_to_value, values=values, radius=radius, fallback=fallback)
     if not _is_latent(site):
         return None
     if values is not None and site.name in values:
@@ -211,7 +219,14 @@ def init_to_value(site: Message | None = None, values: dict | None = None, radiu
                 f"site {site.name!r} ({type(site.fn).__name__})"
             )
         return value
-    return init_to_uniform(site, radius=radius)
+    if fallback is None:
+        raise ValueError(
+            f"init_to_value(fallback=None): no initial value for site {site.name!r}; give "
+            f"one in values (it has {sorted(values or {})})"
+        )
+    if fallback is init_to_uniform:
+        return init_to_uniform(site, radius=radius)
+    return fallback(site)
 
 
 # While an AutoGuideList sets up its parts: the init_to_value strategies whose names it checks

@@ -81,6 +81,12 @@ class Param:
     its store under the constraint. ``init_value`` may be a tensor, a function giving one,
     or ``None`` to start from the parameter it replaces.
 
+    Unlike Pyro's, its value lives in a param store, not in the module: it is not among
+    ``named_parameters()`` or in ``state_dict()`` and does not move with ``.to()``. After
+    SVI, read or save it from the SVI's store (``svi.get_params()[name]``,
+    ``svi.param_store.save(path)``), or run the module in ``pt.param_scope(svi.param_store)``;
+    ``Predictive`` reads it there by itself.
+
     Example::
 
         >>> import torch, probtorch as pt

@@ -222,7 +222,9 @@ class AutoGuide:
         model: the model function the guide approximates the posterior of.
         prefix: prefix of the param names (``f"{prefix}.loc.{site}"``, ...).
         init_loc_fn: initialization strategy (``probtorch.inference.init_strategies``) giving
-            the initial location of each latent site, in constrained space.
+            the initial location of each latent site, in constrained space;
+            ``init_to_median`` for every guide (Pyro's ``AutoNormal`` starts
+            ``init_to_feasible``, its other guides ``init_to_median``).
         init_scale: initial scale (standard deviation in unconstrained space).
         create_plates: as Pyro's: a function of the model's arguments returning a plate, or
             a list of plates, for the guide to use instead of plates it builds itself. A

@@ -149,8 +149,13 @@ class AutoIAFNormal(AutoContinuous):
         *,
         hidden_dims: Sequence[int] | None = None,
         num_transforms: int = 1,
+        hidden_dim: int | Sequence[int] | None = None,
         **kwargs,
     ):
+        if hidden_dim is not None:  # Pyro's name: one width, or a list of them
+            if hidden_dims is not None:
+                raise TypeError("AutoIAFNormal: give hidden_dims or Pyro's hidden_dim, not both")
+            hidden_dims = [hidden_dim] if isinstance(hidden_dim, int) else hidden_dim
         super().__init__(model, **kwargs)
         if int(num_transforms) < 1:
             raise ValueError(f"num_transforms must be >= 1, got {num_transforms}")

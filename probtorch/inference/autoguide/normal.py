@@ -185,6 +185,7 @@ class AutoDelta(AutoGuide):
         self, qs: Sequence[float] | torch.Tensor, params: dict | None = None
     ) -> dict[str, torch.Tensor]:
         """The point mass at every level ``q``."""
+        self._require_prototype("quantiles")
         median = self.median(params)
         n = len(as_quantiles(qs, torch.get_default_dtype()))
         return {name: value.expand((n,) + value.shape).clone() for name, value in median.items()}
