@@ -590,3 +590,28 @@ def test_a_prior_function_returning_a_tensor_is_a_deterministic_site_as_pyros():
 def test_a_distribution_class_as_a_prior_is_refused_where_it_is_given():
     with pytest.raises(TypeError, match=r"Sample got the class Normal; give a distribution"):
         pt.nn.Sample(dist.Normal)
+
+
+def test_pyro_method_reads_each_random_attribute_once_as_forward_does():
+    """A BoTorch-style ``posterior()`` method reading a random attribute twice: each read
+    outside forward was a site of its own ("two sites are named 'loc'")."""
+
+    class Model(pt.nn.Module):
+        def __init__(self):
+            super().__init__(name="m")
+            self.loc = pt.nn.Sample(dist.Normal(0.0, 1.0))
+
+        def plain(self):
+            return self.loc + self.loc
+
+        @pt.nn.pyro_method
+        def posterior(self):
+            return self.loc + self.loc
+
+    model = Model()
+    with trace() as tr, seed(rng_seed=0):
+        out = model.posterior()
+    assert list(tr) == ["m.loc"] and torch.equal(out, 2 * tr["m.loc"].value)
+    with pytest.raises(ValueError, match="two sites are named 'm.loc'"):
+        _trace(model.plain)
+    assert model.posterior.__name__ == "posterior"

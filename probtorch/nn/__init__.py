@@ -48,7 +48,15 @@ Example::
 """
 
 from .layers import BayesianLinear
-from .module import Module, Param, Sample
+from .module import Module, Param, Sample, pyro_method
 from .random_module import RandomModule, random_module
 
-__all__ = ["Module", "Param", "Sample", "BayesianLinear", "random_module", "RandomModule"]
+__all__ = [
+    "Module",
+    "Param",
+    "Sample",
+    "pyro_method",
+    "BayesianLinear",
+    "random_module",
+    "RandomModule",
+]

@@ -22,6 +22,7 @@ child gets its name when it is assigned; a :class:`Module` added to a container 
 from __future__ import annotations
 
 import copyreg
+import functools
 from collections.abc import Callable
 
 import torch
@@ -187,6 +188,48 @@ def _reduce_class(cls: type):
 copyreg.pickle(_ModuleMeta, _reduce_class)
 
 
+def _call_drawing_once(module: Module, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` (a forward call, or a :func:`pyro_method`) with each random
+    attribute of ``module``'s tree one site, drawn at its first read. (A try/finally, not a
+    context manager: compiled code traces it.)"""
+    context = module._pt_context
+    context.depth += 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        context.depth -= 1
+        if context.depth == 0:
+            context.values.clear()
+
+
+def pyro_method(fn: Callable) -> Callable:
+    """Make a method of a :class:`Module` other than ``forward`` read each random attribute
+    as one site, drawn at its first read, as ``forward`` does (Pyro's ``pyro_method``):
+    without it each read outside a forward call is a site of its own, and a second read
+    of one attribute in a run is "two sites are named ...".
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> class Scale(pt.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.s = pt.nn.Sample(dist.HalfNormal(1.0))
+        ...     @pt.nn.pyro_method
+        ...     def twice(self):
+        ...         return self.s + self.s
+        >>> tr = pt.handlers.trace(pt.handlers.seed(Scale().twice, rng_seed=0)).get_trace()
+        >>> bool(tr["s"].value * 2 == tr["s"].value + tr["s"].value), list(tr)
+        (True, ['s'])
+    """
+
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        return _call_drawing_once(self, fn, self, *args, **kwargs)
+
+    return method
+
+
 class Module(torch.nn.Module, metaclass=_ModuleMeta):
     """An ``nn.Module`` whose attributes may be random: assign :class:`Sample` priors.
 
@@ -313,14 +356,7 @@ class Module(torch.nn.Module, metaclass=_ModuleMeta):
         return value
 
     def __call__(self, *args, **kwargs):
-        context = self._pt_context
-        context.depth += 1
-        try:
-            return super().__call__(*args, **kwargs)
-        finally:
-            context.depth -= 1
-            if context.depth == 0:
-                context.values.clear()
+        return _call_drawing_once(self, super().__call__, *args, **kwargs)
 
     def __repr__(self) -> str:
         # ``extra_repr`` of layers reads attributes (nn.Linear: ``self.bias is not None``);
