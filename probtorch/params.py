@@ -357,6 +357,21 @@ def fitted_store_of(fn: Callable) -> ParamStore | None:
         return None
 
 
+def active_store() -> ParamStore:
+    """The store ``param`` sites read now: the innermost :class:`param_scope`'s, else the
+    default store.
+
+    Example::
+
+        >>> active_store() is get_param_store()
+        True
+    """
+    for handler in reversed(get_stack()):
+        if isinstance(handler, param_scope):
+            return handler.store
+    return _DEFAULT_STORE
+
+
 def get_param_store() -> ParamStore:
     """The default store used by ``param`` when no :class:`param_scope` is active."""
     return _DEFAULT_STORE

@@ -615,3 +615,25 @@ def test_pyro_method_reads_each_random_attribute_once_as_forward_does():
     with pytest.raises(ValueError, match="two sites are named 'm.loc'"):
         _trace(model.plain)
     assert model.posterior.__name__ == "posterior"
+
+
+def test_a_tensor_assigned_to_a_param_attribute_sets_its_value_as_pyros():
+    """It silently replaced the learnable param by a constant (its site vanished)."""
+    from torch.distributions import constraints
+
+    net = pt.nn.Module[torch.nn.Linear](2, 1, name="net")
+    net.bias = pt.nn.Param(torch.ones(1), constraint=constraints.positive)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        net(torch.zeros(3, 2))
+        net.bias = torch.tensor([3.0])  # the store holds it: its value there
+    assert float(store["net.bias"].detach()) == pytest.approx(3.0, rel=1e-12)  # via exp(log)
+    net.bias = torch.tensor([4.0])  # the default store does not: the initial value
+    fresh = pt.ParamStore()
+    with pt.param_scope(fresh):
+        tr = _trace(net, torch.zeros(3, 2))
+    assert tr["net.bias"].type == "param"
+    assert float(fresh["net.bias"].detach()) == pytest.approx(4.0, rel=1e-12)
+    with pytest.raises(ValueError, match="net.bias"):  # outside its constraint
+        with pt.param_scope(fresh):
+            net.bias = torch.tensor([-1.0])

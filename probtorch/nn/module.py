@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 from torch.distributions import constraints
 
+from ..params import active_store
 from ..primitives import deterministic, param, sample
 from .priors import fit_prior
 
@@ -82,7 +83,9 @@ class Param:
     its store under the constraint. ``init_value`` may be a tensor, a function giving one,
     or ``None`` to start from the parameter it replaces.
 
-    Unlike Pyro's, its value lives in a param store, not in the module: it is not among
+    A tensor assigned to the attribute sets its value (as in Pyro): its initial value, and
+    its value in the active param store where that holds it. Unlike Pyro's, its value lives
+    in a param store, not in the module: it is not among
     ``named_parameters()`` or in ``state_dict()`` and does not move with ``.to()``. After
     SVI, read or save it from the SVI's store (``svi.get_params()[name]``,
     ``svi.param_store.save(path)``), or run the module in ``pt.param_scope(svi.param_store)``;
@@ -302,6 +305,14 @@ class Module(torch.nn.Module, metaclass=_ModuleMeta):
                 store.pop(name, None)
             priors[name] = (value.prior, shape)
             return
+        if (
+            priors is not None
+            and isinstance(priors.get(name, (None,))[0], Param)
+            and isinstance(value, torch.Tensor)
+            and not isinstance(value, torch.nn.Parameter)
+        ):
+            self._set_param_value(name, priors[name][0], value)
+            return
         if priors is not None:
             priors.pop(name, None)
         super().__setattr__(name, value)
@@ -318,6 +329,17 @@ class Module(torch.nn.Module, metaclass=_ModuleMeta):
             priors.pop(name, None)
             if module is not None:
                 _adopt(module, _join(self._pt_name, name), self._pt_context)
+
+    def _set_param_value(self, name: str, param_attr: Param, value: torch.Tensor) -> None:
+        """A tensor assigned to a :class:`Param` attribute is its value, as in Pyro: its new
+        initial value, and its value in the active param store if the store holds it (an
+        ``nn.Parameter`` assigned replaces the attribute by a plain parameter instead)."""
+        value = value.detach().clone()
+        priors = self.__dict__["_pt_priors"]
+        priors[name] = (Param(value, param_attr.constraint, param_attr.event_dim), None)
+        store, site = active_store(), _join(self._pt_name, name)
+        if site in store:
+            store[site] = value
 
     def __getattr__(self, name: str):
         priors = self.__dict__.get("_pt_priors")
