@@ -173,6 +173,11 @@ def _zeros(params: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(params)
 
 
+def _moments(grad, exp_avg, exp_avg_sq, beta1: float, beta2: float):
+    """Adam's running means of the gradient and of its square after one more gradient."""
+    return torch.lerp(exp_avg, grad, 1 - beta1), exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+
+
 def _step(params: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=params.dtype, device=params.device)
 
@@ -201,8 +206,7 @@ class Adam(Optimizer):
         eps = float(h["eps"])
         step, exp_avg, exp_avg_sq = state[0] + 1, state[1], state[2]
         params, grad = self._decayed(params, grad, lr)
-        exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
-        exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+        exp_avg, exp_avg_sq = _moments(grad, exp_avg, exp_avg_sq, beta1, beta2)
         bias_correction1 = 1 - beta1**step
         bias_correction2_sqrt = (1 - beta2**step).sqrt()
         step_size = lr / bias_correction1
@@ -379,8 +383,7 @@ class NAdam(Optimizer):
         mu_next = beta1 * (1 - 0.5 * 0.96 ** ((step + 1) * momentum_decay))
         mu_product = mu_product * mu.to(mu_product.dtype)
         product = mu_product.to(params.dtype)
-        exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
-        exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+        exp_avg, exp_avg_sq = _moments(grad, exp_avg, exp_avg_sq, beta1, beta2)
         denom = (exp_avg_sq / (1 - beta2**step)).sqrt() + eps
         params = params - lr * (1 - mu) / (1 - product) * grad / denom
         params = params - lr * mu_next / (1 - product * mu_next) * exp_avg / denom
@@ -411,8 +414,7 @@ class RAdam(Optimizer):
         eps = float(h["eps"])
         step, exp_avg, exp_avg_sq = state[0] + 1, state[1], state[2]
         params, grad = self._decayed(params, grad, lr)
-        exp_avg = torch.lerp(exp_avg, grad, 1 - beta1)
-        exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+        exp_avg, exp_avg_sq = _moments(grad, exp_avg, exp_avg_sq, beta1, beta2)
         bias_correction2 = 1 - beta2**step
         rho_inf = 2 / (1 - beta2) - 1
         rho_t = rho_inf - 2 * step * beta2**step / bias_correction2
