@@ -329,7 +329,7 @@ def _mixed_model(y, t, censored, counts):
         pt.sample("y", dist.Censored(dist.Normal(mu + effects, sigma), high=2.0), obs=y)
         survival = dist.RightCensoredDistribution(dist.Exponential(sigma), censored)
         pt.sample("t", survival, obs=t)
-        pt.sample("n", dist.HurdlePoisson(mu.exp().expand(3), 0.3), obs=counts)
+        pt.sample("n", dist.HurdlePoisson(mu.exp().expand(3), gate=0.3), obs=counts)
 
 
 def test_potential_compiles_without_breaks(float64):
@@ -494,8 +494,8 @@ def test_hurdle_negative_binomial_and_generic(float64):
         (lambda: dist.TruncatedNormal(0.0, 1.0, 2.0, 1.0, validate_args=True), "low"),
         (lambda: dist.ZeroSumNormal(torch.tensor(-1.0), (3,), validate_args=True), "scale"),
         (lambda: dist.ZeroSumNormal(1.0, (1,)), "event_shape"),
-        (lambda: dist.HurdlePoisson(torch.tensor(-1.0), 0.5, validate_args=True), "rate"),
-        (lambda: dist.HurdlePoisson(torch.tensor(1.0), 1.5, validate_args=True), "gate"),
+        (lambda: dist.HurdlePoisson(torch.tensor(-1.0), gate=0.5, validate_args=True), "rate"),
+        (lambda: dist.HurdlePoisson(torch.tensor(1.0), gate=1.5, validate_args=True), "gate"),
         (
             lambda: dist.LeftCensoredDistribution(dist.Normal(0.0, 1.0), 2, validate_args=True),
             "censored",
@@ -506,6 +506,102 @@ def test_hurdle_negative_binomial_and_generic(float64):
 def test_invalid_parameters_name_the_parameter(make, param):
     with pytest.raises(ValueError, match=param):
         make()
+
+
+@pytest.mark.parametrize(
+    "make,name",
+    [
+        (lambda: dist.TruncatedNormal(0.0, -1.0, low=0.0, validate_args=True), "TruncatedNormal"),
+        (lambda: dist.LKJCholesky(3, -1.0, validate_args=True), "LKJCholesky"),
+        (lambda: dist.LKJ(3, -1.0, validate_args=True), "LKJ"),
+        (lambda: dist.HurdlePoisson(-1.0, gate=0.5, validate_args=True), "HurdlePoisson"),
+    ],
+)
+def test_invalid_parameters_name_the_distribution_built(make, name):
+    """The error names the distribution the user built, not an inner one (it named Normal
+    and Dirichlet)."""
+    with pytest.raises(ValueError, match=rf"^{name}: |distribution {name}\b"):
+        make()
+
+
+def test_hurdle_gate_is_keyword_only_and_base_dist_is_accepted(float64):
+    """NumPyro's HurdlePoisson(gate, rate) takes the gate first: a positional second
+    argument was read as the gate with no error (0.3, 0.5 gave rate 0.3, gate 0.5)."""
+    with pytest.raises(TypeError, match=r"HurdlePoisson\(rate\) takes the gate by keyword"):
+        dist.HurdlePoisson(0.3, 0.5)
+    with pytest.raises(TypeError, match="HurdleNegativeBinomial.*gate by keyword"):
+        dist.HurdleNegativeBinomial(3.0, 0.4, None, 0.2)
+    d = dist.HurdlePoisson(gate=0.3, rate=0.5)
+    assert (float(d.gate), float(d.rate)) == (0.3, 0.5)
+    # NumPyro's keyword for the base, in every wrapper
+    geometric = dist.Geometric(probs=torch.tensor(0.5))
+    by_name = dist.HurdleDistribution(base_dist=geometric, gate=0.3)
+    torch.testing.assert_close(
+        by_name.log_prob(torch.tensor(2.0)),
+        dist.HurdleDistribution(geometric, gate=0.3).log_prob(torch.tensor(2.0)),
+    )
+    normal = dist.Normal(0.0, 1.0)
+    for cls, kwargs in [
+        (dist.TruncatedDistribution, {"low": 0.0}),
+        (dist.LeftCensoredDistribution, {}),
+        (dist.RightCensoredDistribution, {}),
+        (dist.IntervalCensoredDistribution, {}),
+        (dist.Censored, {"low": 0.0}),
+    ]:
+        assert type(cls(base_dist=normal, **kwargs).base_dist) is type(normal), cls
+    with pytest.raises(TypeError, match="give the base distribution once"):
+        dist.TruncatedDistribution(normal, low=0.0, base_dist=normal)
+
+
+def test_hurdle_gate_takes_the_base_dtype_and_device():
+    """A Python-number gate is in the base's dtype (it stayed float32 beside a float64
+    rate: P(0) = 0.30000001); sampling and moments make tensors on the base's device
+    (they made CPU tensors: a 'meta' or CUDA base failed)."""
+    d = dist.HurdlePoisson(torch.tensor(2.0, dtype=torch.float64), gate=0.3)
+    assert d.gate.dtype == torch.float64
+    assert float(d.log_prob(torch.tensor(0.0, dtype=torch.float64)).exp()) == 0.3
+    meta = dist.HurdlePoisson(
+        torch.tensor([2.0], device="meta"),
+        gate=torch.tensor([0.3], device="meta"),
+        validate_args=False,
+    )
+    assert meta.mean.device.type == "meta" and meta.variance.device.type == "meta"
+    generic = dist.HurdleDistribution(
+        dist.Geometric(probs=torch.tensor([0.5], device="meta"), validate_args=False),
+        gate=torch.tensor([0.3], device="meta"),
+        validate_args=False,
+    )
+    assert generic.mean.shape == (1,) and generic.mean.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: dist.TruncatedDistribution(dist.StudentT(3.0), 0.0, 2.0),
+        lambda: dist.Censored(dist.Poisson(3.0), low=1.0, high=5.0),
+        lambda: dist.LeftCensoredDistribution(dist.Beta(2.0, 2.0)),
+    ],
+)
+def test_truncation_and_censoring_need_the_base_cdf(make):
+    """A base without a cdf in torch is refused when the wrapper is built, naming it (it
+    failed at the first log_prob with an empty NotImplementedError)."""
+    with pytest.raises(NotImplementedError, match=r"needs the cdf of its base, and \w+ has none"):
+        make()
+
+
+def test_probtorch_constraints_in_torch_registries(float64):
+    """torch's transform_to and biject_to (re-exported, and used by Pyro's inference) know
+    probtorch's closed half line and zero-sum constraint; the closed half line prints as
+    itself (torch's repr printed 'essThanEq')."""
+    upper = dist.TruncatedNormal(0.0, 1.0, high=0.0).support
+    zero_sum = dist.ZeroSumNormal(1.0, (3,)).support
+    assert repr(upper) == "LessThanEq(upper_bound=0.0)"
+    x = torch.tensor([-3.0, 0.0, 2.0])
+    for registry in (dist.transform_to, torch.distributions.biject_to, dist.biject_to):
+        y = registry(upper)(x)
+        assert bool(upper.check(y).all()) and bool((y < 0).all())
+        z = registry(zero_sum)(torch.tensor([0.4, -1.2]))
+        assert z.shape == (3,) and abs(float(z.sum())) < 1e-12
 
 
 def _examples():
@@ -525,7 +621,7 @@ def _examples():
         ),
         "censored": (dist.Censored(dist.Normal(torch.zeros(3), 1.0), low=0.0), torch.zeros(3)),
         "zero_sum": (dist.ZeroSumNormal(torch.ones(3), (4,)), torch.zeros(3, 4)),
-        "hurdle": (dist.HurdlePoisson(torch.ones(3), 0.3), torch.ones(3)),
+        "hurdle": (dist.HurdlePoisson(torch.ones(3), gate=0.3), torch.ones(3)),
     }
 
 
@@ -571,7 +667,7 @@ def _log_probs(loc, scale, low, high, rate, gate, flags, x, counts, zs, interval
         ),
         dist.Censored(normal, low, high, validate_args=v).log_prob(x),
         dist.ZeroSumNormal(scale, (4,), validate_args=v).log_prob(zs),
-        dist.HurdlePoisson(rate, gate, validate_args=v).log_prob(counts),
+        dist.HurdlePoisson(rate, gate=gate, validate_args=v).log_prob(counts),
         dist.HurdleNegativeBinomial(rate, logits=loc, gate_logits=gate, validate_args=v).log_prob(
             counts
         ),
@@ -667,6 +763,15 @@ def test_bernoulli_log_prob_and_gradient_match_the_exact_values(dtype):
         reference = torch.distributions.Bernoulli(logits=logits).log_prob(value)
         difference = (log_prob.detach() - reference).double().abs().numpy()
         assert np.all(difference <= 8 * eps * scale)  # both within roundings of the exact
+    # infinite logits (probs 0 and 1): the limits, where torch's formula gives nan
+    infinite = torch.tensor([math.inf, math.inf, -math.inf, -math.inf], dtype=dtype)
+    values = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=dtype)
+    assert dist.Bernoulli(logits=infinite).log_prob(values).tolist() == [
+        0.0,
+        -math.inf,
+        0.0,
+        -math.inf,
+    ]
     expanded = dist.Bernoulli(logits=torch.zeros(3)).expand([2, 3])
     assert type(expanded) is dist.Bernoulli and expanded.batch_shape == (2, 3)
     by_probs = dist.Bernoulli(probs=torch.tensor([0.2, 0.9]))
@@ -1104,6 +1209,41 @@ def test_truncated_normal_variance_is_stable(dtype, rtol):
         exact = scale_**2 * _mpmath_truncnorm_var(a, b)
         got = float(d.variance)
         assert got == pytest.approx(exact, rel=rtol), (low, high, got, exact)
+
+
+def _mpmath_truncnorm_mean(a, b):
+    """Mean of the standard normal truncated to ``[a, b]`` (not both None), 40-digit
+    quadrature of ``X - a`` (of the unshifted ``X`` it is off by 1e-6 at ``a = 40``)."""
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(40):
+        if a is None:  # reflect: the finite end first
+            return -_mpmath_truncnorm_mean(-b, None)
+        a, b = mp.mpf(a), mp.inf if b is None else mp.mpf(b)
+        f = lambda x: mp.exp(-(x - a) * (x + a) / 2)  # noqa: E731
+        return float(a + mp.quad(lambda x: (x - a) * f(x), [a, b]) / mp.quad(f, [a, b]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_truncated_normal_mean_is_stable(dtype):
+    """``loc + scale (r_low - r_high)`` cancels in narrow intervals and far tails (in
+    float32 it put the mean of ``[5, 5.0001]`` at 5.0059, outside the support); against
+    40-digit quadrature, to a few ulps of the mean plus 1e-3 of its sd."""
+    eps = torch.finfo(dtype).eps
+    for low, high in VARIANCE_CASES[:-1]:
+        loc, scale = 0.7, 1.3
+        lo = None if low is None else loc + scale * low
+        hi = None if high is None else loc + scale * high
+        d = dist.TruncatedNormal(
+            torch.tensor(loc, dtype=dtype), torch.tensor(scale, dtype=dtype), lo, hi
+        )
+        loc_, scale_ = float(d.loc), float(d.scale)
+        a = None if low is None else (float(d.low) - loc_) / scale_
+        b = None if high is None else (float(d.high) - loc_) / scale_
+        exact = loc_ + scale_ * _mpmath_truncnorm_mean(a, b)
+        sd = scale_ * math.sqrt(_mpmath_truncnorm_var(a, b))
+        got = float(d.mean)
+        assert abs(got - exact) <= 4 * eps * abs(exact) + 1e-3 * sd, (low, high, got, exact)
+        assert bool(d.support.check(d.mean)), (low, high, got)
 
 
 @pytest.mark.parametrize("low,high", [(0.3, 0.31), (38.0, 40.0), (None, -40.0), (1.9, 6.2)])

@@ -327,6 +327,43 @@ def log_survival(d: Distribution, x: torch.Tensor) -> torch.Tensor:
     return torch.log1p(-d.cdf(x).clamp(max=1.0 - torch.finfo(x.dtype).eps))
 
 
+def one_base(name: str, base, base_dist):
+    """The base distribution of a wrapper (hurdle, truncated, censored) given as ``base`` or
+    by NumPyro's name ``base_dist``."""
+    if (base is None) == (base_dist is None):
+        raise TypeError(f"{name}: give the base distribution once, as base (or base_dist)")
+    return base if base is not None else base_dist
+
+
+def base_of(name: str, family: type, *args, **kwargs) -> Distribution:
+    """``family(*args, **kwargs)``, the base of the distribution ``name`` (a hurdle,
+    truncated... family), its parameter errors naming ``name`` too."""
+    try:
+        return family(*args, **kwargs)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from error
+
+
+def check_univariate_base(d: Distribution, name: str, continuous: bool = False) -> None:
+    """A base that ``name`` (a truncation or censoring) can use: univariate, continuous if
+    asked, with a ``cdf`` (its log densities need one; torch's ``StudentT``, ``Beta``,
+    ``Poisson`` ... have none, and would fail at the first ``log_prob`` with an empty
+    error)."""
+    if d.event_shape != ():
+        raise ValueError(
+            f"{name} needs a univariate base distribution, got event_shape "
+            f"{tuple(d.event_shape)} from {type(d).__name__}"
+        )
+    if continuous and d.support.is_discrete:
+        raise ValueError(f"{name} needs a continuous base, got {type(d).__name__}")
+    if _lookup(d) is None and type(d).cdf is Distribution.cdf:
+        raise NotImplementedError(
+            f"{name} needs the cdf of its base, and {type(d).__name__} has none in torch "
+            f"(families with one: Normal, LogNormal, HalfNormal, Exponential, Laplace, "
+            f"Cauchy, Logistic, Gumbel, Weibull, Pareto, Gamma, Uniform, ...)"
+        )
+
+
 def has_icdf(d: Distribution) -> bool:
     """Whether ``icdf``/``isf`` below are available for ``d`` (decided from its type)."""
     fns = _lookup(d)

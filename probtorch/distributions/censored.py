@@ -34,14 +34,6 @@ __all__ = [
 ]
 
 
-def _check_base(base, name):
-    if base.event_shape != ():
-        raise ValueError(
-            f"{name} needs a univariate base distribution, got event_shape "
-            f"{tuple(base.event_shape)} from {type(base).__name__}"
-        )
-
-
 def _copy(dist, batch_shape, tensors):
     """An expanded copy of ``dist``: ``base_dist`` and the named tensors expanded."""
     batch_shape = torch.Size(batch_shape)
@@ -62,8 +54,9 @@ class _IndicatorCensored(TorchDistribution):
 
     arg_constraints = {"censored": constraints.boolean}
 
-    def __init__(self, base, censored=False, validate_args=None):
-        _check_base(base, type(self).__name__)
+    def __init__(self, base=None, censored=False, validate_args=None, base_dist=None):
+        base = _tails.one_base(type(self).__name__, base, base_dist)
+        _tails.check_univariate_base(base, type(self).__name__)
         censored = torch.as_tensor(censored)
         if censored.dtype != torch.bool:
             if validate_args is not False and not bool(((censored == 0) | (censored == 1)).all()):
@@ -234,8 +227,16 @@ class IntervalCensoredDistribution(TorchDistribution):
         "right_censored": constraints.boolean,
     }
 
-    def __init__(self, base, left_censored=False, right_censored=False, validate_args=None):
-        _check_base(base, type(self).__name__)
+    def __init__(
+        self,
+        base=None,
+        left_censored=False,
+        right_censored=False,
+        validate_args=None,
+        base_dist=None,
+    ):
+        base = _tails.one_base(type(self).__name__, base, base_dist)
+        _tails.check_univariate_base(base, type(self).__name__)
         left = torch.as_tensor(left_censored)
         right = torch.as_tensor(right_censored)
         for name, flag in (("left_censored", left), ("right_censored", right)):
@@ -311,11 +312,12 @@ class Censored(TorchDistribution):
         True
     """
 
-    def __init__(self, base, low=None, high=None, validate_args=None):
+    def __init__(self, base=None, low=None, high=None, validate_args=None, base_dist=None):
+        base = _tails.one_base(type(self).__name__, base, base_dist)
         name = type(self).__name__
         if low is None and high is None:
             raise ValueError(f"{name} needs at least one of low and high")
-        _check_base(base, name)
+        _tails.check_univariate_base(base, name)
         dtype, device = _tails.dtype_device(base)
         low = None if low is None else torch.as_tensor(low, dtype=dtype, device=device)
         high = None if high is None else torch.as_tensor(high, dtype=dtype, device=device)

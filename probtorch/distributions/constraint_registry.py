@@ -1,8 +1,10 @@
 """``biject_to`` for probtorch: torch's registry with compile-friendly replacements.
 
 Lookups fall through to ``torch.distributions.biject_to`` (which Pyro extends), except for
-constraints whose torch transform does not compile under ``vmap``. Nothing of torch's is
-changed: user code that calls torch's ``biject_to`` sees torch's transforms.
+constraints whose torch transform does not compile under ``vmap``. torch's constraints map
+as before for user code that calls torch's ``biject_to``; torch's ``biject_to`` and
+``transform_to`` learn probtorch's own constraint types (``less_than_eq``, ``zero_sum``), as
+Pyro's are added to them, so that code written for torch or Pyro finds them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import biject_to as _torch_biject_to
 from torch.distributions import constraints
+from torch.distributions import transform_to as _torch_transform_to
 from torch.distributions.constraint_registry import ConstraintRegistry
 from torch.distributions.transforms import (
     CorrCholeskyTransform,
@@ -206,6 +209,9 @@ class LessThanEq(constraints.less_than):
     def check(self, value):
         return value <= self.upper_bound
 
+    def __repr__(self) -> str:  # (torch's drops the first letter, expecting _LessThan)
+        return f"LessThanEq(upper_bound={self.upper_bound})"
+
 
 less_than_eq = LessThanEq
 
@@ -229,10 +235,17 @@ biject_to.register(constraints.lower_cholesky)(lambda constraint: LowerCholeskyV
 biject_to.register(constraints.positive_definite)(
     lambda constraint: PositiveDefiniteVectorTransform()
 )
-biject_to.register(LessThanEq)(
+biject_to.register(ZeroSumConstraint)(lambda constraint: ZeroSumTransform(constraint.event_dim))
+# probtorch's own constraint types in torch's registries (the closed half line maps as the
+# open one: its end has measure zero)
+_torch_biject_to.register(LessThanEq)(
     lambda constraint: _torch_biject_to(constraints.less_than(constraint.upper_bound))
 )
-biject_to.register(ZeroSumConstraint)(lambda constraint: ZeroSumTransform(constraint.event_dim))
+_torch_transform_to.register(LessThanEq)(
+    lambda constraint: _torch_transform_to(constraints.less_than(constraint.upper_bound))
+)
+for _registry in (_torch_biject_to, _torch_transform_to):
+    _registry.register(ZeroSumConstraint)(lambda constraint: ZeroSumTransform(constraint.event_dim))
 # A mixture of one family has that family's support: a latent MixtureSameFamily site is
 # unconstrained through its components' bijection.
 biject_to.register(constraints.MixtureSameFamilyConstraint)(

@@ -58,6 +58,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import pyro.distributions as pyro_dist
 import torch
 from pyro.distributions.transforms import CorrMatrixCholeskyTransform
@@ -103,7 +105,10 @@ class Bernoulli(pyro_dist.Bernoulli):
         # log1p's cost in Inductor's vectorized code
         magnitude = logits.abs()
         softplus = 0.5 * (logits + magnitude) + torch.log(1.0 + torch.exp(-magnitude))
-        return value * logits - softplus
+        out = value * logits - softplus
+        # infinite logits (probs 0 or 1): the limit, 0 or -inf, not inf - inf
+        certain = torch.where(value == (logits > 0).to(value.dtype), 0.0, -math.inf)
+        return torch.where(magnitude == math.inf, certain, out)
 
 
 class Categorical(pyro_dist.Categorical):
@@ -185,6 +190,7 @@ class LKJCholesky(pyro_dist.LKJCholesky):
     """
 
     def __init__(self, dim: int, concentration=1.0, validate_args=None):
+        _check_own(LKJCholesky, validate_args, concentration=concentration)
         super().__init__(dim, concentration, validate_args=validate_args)
         offset = self._beta.concentration1 - 0.5  # torch's (0, 0, 1, ..., dim - 2)
         self._beta = TorchBeta(0.5 * offset + 0.5, self._beta.concentration0)
@@ -199,6 +205,7 @@ class LKJ(pyro_dist.LKJ):
     ``expand`` (so it can be used inside a plate)."""
 
     def __init__(self, dim: int, concentration=1.0, validate_args=None):
+        _check_own(LKJ, validate_args, concentration=concentration)
         base_dist = LKJCholesky(dim, concentration)
         self.dim, self.concentration = base_dist.dim, base_dist.concentration
         super(pyro_dist.LKJ, self).__init__(

@@ -15,7 +15,7 @@ from pyro.distributions import NegativeBinomial, Poisson
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
 
-from ._tails import dtype_device, log1mexp
+from ._tails import base_of, dtype_device, log1mexp, one_base
 
 __all__ = ["HurdleDistribution", "HurdlePoisson", "HurdleNegativeBinomial"]
 
@@ -73,7 +73,8 @@ class HurdleDistribution(TorchDistribution):
 
     Args:
         base: a count distribution (``Poisson``, ``NegativeBinomial``, ``Binomial``,
-            ``Geometric``...) whose ``log_prob(0) < 0``.
+            ``Geometric``...) whose ``log_prob(0) < 0`` (also by NumPyro's name,
+            ``base_dist=``).
         gate: probability of a zero (``P(0) = gate``).
         gate_logits: the same as logits (give exactly one of the two).
 
@@ -91,7 +92,10 @@ class HurdleDistribution(TorchDistribution):
 
     _param_constraints: dict = {}  # constraints of base parameters a subclass exposes
 
-    def __init__(self, base, gate=None, *, gate_logits=None, validate_args=None):
+    def __init__(
+        self, base=None, gate=None, *, gate_logits=None, validate_args=None, base_dist=None
+    ):
+        base = one_base(type(self).__name__, base, base_dist)
         if (gate is None) == (gate_logits is None):
             raise ValueError(f"{type(self).__name__}: give exactly one of gate and gate_logits")
         if base.event_shape != () or not base.support.is_discrete:
@@ -100,9 +104,12 @@ class HurdleDistribution(TorchDistribution):
                 f"{type(base).__name__}"
             )
         name = "gate" if gate is not None else "gate_logits"
-        param = torch.as_tensor(gate if gate is not None else gate_logits)
-        if not param.is_floating_point():
-            param = param.to(dtype_device(base)[0])
+        value = gate if gate is not None else gate_logits
+        dtype, device = dtype_device(base)
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            param = value
+        else:  # a number or an integer tensor takes the base's dtype (as broadcast_all)
+            param = torch.as_tensor(value, dtype=dtype, device=device)
         batch_shape = torch.broadcast_shapes(base.batch_shape, param.shape)
         self.base_dist = base.expand(batch_shape)
         setattr(self, name, param.expand(batch_shape))
@@ -173,17 +180,19 @@ class HurdleDistribution(TorchDistribution):
         shape = self._extended_shape(sample_shape)
         with torch.no_grad():
             positive = self._sample_positive(shape)
-            zero = torch.rand(shape, dtype=positive.dtype) < self.probs_zero.expand(shape)
+            u = torch.rand(shape, dtype=positive.dtype, device=positive.device)
+            zero = u < self.probs_zero.expand(shape)
             return torch.where(zero, torch.zeros_like(positive), positive)
 
     def _positive_moments(self):
         """``(E[K], E[K^2])`` of the zero-truncated base."""
         base = self.base_dist
-        log_p0 = base.log_prob(torch.zeros(self.batch_shape, dtype=base.mean.dtype))
+        mean = base.mean
+        log_p0 = base.log_prob(torch.zeros_like(mean))
         # 1 - p0 = -expm1(log p0): exact when p0 is near 1 (a Poisson rate of 1e-8)
         positive = -torch.expm1(log_p0)
-        m1 = base.mean / positive
-        m2 = (base.variance + base.mean**2) / positive
+        m1 = mean / positive
+        m2 = (base.variance + mean**2) / positive
         return m1, m2
 
     @property
@@ -197,12 +206,16 @@ class HurdleDistribution(TorchDistribution):
         return (1.0 - self.probs_zero) * m2 - self.mean**2
 
 
-def _base_of(name: str, family: type, *args, **kwargs):
-    """``family(*args, **kwargs)``, its parameter errors naming the hurdle family too."""
-    try:
-        return family(*args, **kwargs)
-    except ValueError as error:
-        raise ValueError(f"{name}: {error}") from error
+def _gate_by_keyword(name: str, signature: str, extra: tuple) -> None:
+    """The gate is keyword-only (as in Pyro's ``ZeroInflatedPoisson``): NumPyro's hurdle
+    families take it first, so a positional gate could be silently read as a rate."""
+    if extra:
+        raise TypeError(
+            f"{name}({signature}) takes the gate by keyword: {name}(..., gate=...) or "
+            f"gate_logits=...; got {len(extra)} more positional argument(s). (NumPyro's "
+            f"{name} takes the gate first; probtorch follows Pyro's ZeroInflatedPoisson "
+            f"order.)"
+        )
 
 
 class HurdlePoisson(HurdleDistribution):
@@ -217,8 +230,9 @@ class HurdlePoisson(HurdleDistribution):
         1.3878
     """
 
-    def __init__(self, rate, gate=None, *, gate_logits=None, validate_args=None):
-        base = _base_of(type(self).__name__, Poisson, rate, validate_args=validate_args)
+    def __init__(self, rate, *extra, gate=None, gate_logits=None, validate_args=None):
+        _gate_by_keyword(type(self).__name__, "rate", extra)
+        base = base_of(type(self).__name__, Poisson, rate, validate_args=validate_args)
         super().__init__(base, gate, gate_logits=gate_logits, validate_args=validate_args)
 
     _param_constraints = {"rate": constraints.positive}
@@ -264,12 +278,13 @@ class HurdleNegativeBinomial(HurdleDistribution):
         total_count,
         probs=None,
         logits=None,
+        *extra,
         gate=None,
-        *,
         gate_logits=None,
         validate_args=None,
     ):
-        base = _base_of(
+        _gate_by_keyword(type(self).__name__, "total_count, probs, logits", extra)
+        base = base_of(
             type(self).__name__,
             NegativeBinomial,
             total_count,

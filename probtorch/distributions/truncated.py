@@ -34,16 +34,6 @@ def _as_bound(bound, dtype, device):
     return torch.as_tensor(bound, dtype=dtype, device=device)
 
 
-def _check_base(base, name):
-    if base.event_shape != ():
-        raise ValueError(
-            f"{name} needs a univariate base distribution, got event_shape "
-            f"{tuple(base.event_shape)} from {type(base).__name__}"
-        )
-    if base.support.is_discrete:
-        raise ValueError(f"{name} needs a continuous base, got {type(base).__name__}")
-
-
 class TruncatedDistribution(TorchDistribution):
     """The base distribution restricted to ``[low, high]`` and renormalized.
 
@@ -70,11 +60,12 @@ class TruncatedDistribution(TorchDistribution):
         2.0945
     """
 
-    def __init__(self, base, low=None, high=None, validate_args=None):
+    def __init__(self, base=None, low=None, high=None, validate_args=None, base_dist=None):
+        base = _tails.one_base(type(self).__name__, base, base_dist)
         name = type(self).__name__
         if low is None and high is None:
             raise ValueError(f"{name} needs at least one of low and high")
-        _check_base(base, name)
+        _tails.check_univariate_base(base, name, continuous=True)
         dtype, device = _tails.dtype_device(base)
         low, high = _as_bound(low, dtype, device), _as_bound(high, dtype, device)
         shapes = [base.batch_shape] + [b.shape for b in (low, high) if b is not None]
@@ -210,23 +201,24 @@ def _rule(nodes, weights, like):
     return nodes.to(like), weights.to(like)
 
 
-def _centered_variance(y, f):
-    """Variance of the nodes ``y`` under the (unnormalized) weights ``f``, centered first."""
+def _mean_and_variance(y, f):
+    """Mean and variance of the nodes ``y`` under the (unnormalized) weights ``f`` (the
+    variance centered first)."""
     total = f.sum(-1)
     m = (f * y).sum(-1) / total
-    return (f * (y - m.unsqueeze(-1)) ** 2).sum(-1) / total
+    return m, (f * (y - m.unsqueeze(-1)) ** 2).sum(-1) / total
 
 
-def _variance_legendre(a, w):
-    """Variance of ``Y`` on ``[0, w]`` with density ``exp(-a y - y^2 / 2)``: Gauss-Legendre,
-    exact to rounding where the integrand is gentle (``w <= 8``, ``|a| w <= 8``)."""
+def _moments_legendre(a, w):
+    """Mean and variance of ``Y`` on ``[0, w]`` with density ``exp(-a y - y^2 / 2)``:
+    Gauss-Legendre, exact to rounding where the integrand is gentle (``w <= 8``, ``|a| w <= 8``)."""
     t, weights = _rule(_GL_NODES, _GL_WEIGHTS, a)
     y = w.unsqueeze(-1) * t
     f = weights * torch.exp(-a.unsqueeze(-1) * y - 0.5 * y * y)
-    return _centered_variance(y, f)
+    return _mean_and_variance(y, f)
 
 
-def _variance_laguerre(a, w):
+def _moments_laguerre(a, w):
     """The same for ``a >= 2`` and ``a w > 8``: ``int_0^w = int_0^inf - int_w^inf``, and
     ``int_w^inf y^k exp(-a y - y^2/2) dy = exp(-a w - w^2/2) int_0^inf (w + v)^k exp(-(a + w) v
     - v^2/2) dv``; each ``int_0^inf v^k exp(-c v - v^2 / 2) dv`` by Gauss-Laguerre in ``u = c v``
@@ -244,7 +236,7 @@ def _variance_laguerre(a, w):
     i0 = j0 - e * k0
     m = (j1 - e * (w * k0 + k1)) / i0
     second = (j2 - e * (w * w * k0 + 2.0 * w * k1 + k2)) / i0
-    return second - m * m
+    return m, second - m * m
 
 
 class TruncatedNormal(TruncatedDistribution):
@@ -264,7 +256,7 @@ class TruncatedNormal(TruncatedDistribution):
 
     def __init__(self, loc=0.0, scale=1.0, low=None, high=None, validate_args=None):
         loc, scale = broadcast_all(loc, scale)
-        base = Normal(loc, scale, validate_args=validate_args)
+        base = _tails.base_of(type(self).__name__, Normal, loc, scale, validate_args=validate_args)
         super().__init__(base, low, high, validate_args=validate_args)
 
     @property
@@ -297,20 +289,14 @@ class TruncatedNormal(TruncatedDistribution):
             b_r_high = beta * r_high
         return r_low, r_high, a_r_low, b_r_high
 
-    @property
-    def mean(self):
-        r_low, r_high, _, _ = self._ratios()
-        return self.loc + self.scale * (r_low - r_high)
-
-    @property
-    def variance(self):
-        """Closed form where it is well conditioned; where it cancels (the variance small
-        against ``a^2``, ``b^2``: far tails, narrow intervals) quadrature of the standardized
-        ``X - a`` (reflected so that ``a`` is the end nearer the mode), exact to rounding."""
-        r_low, r_high, a_r_low, b_r_high = self._ratios()
-        closed = 1.0 + a_r_low - b_r_high - (r_low - r_high) ** 2
+    def _quadrature(self):
+        """Mean and variance where the closed forms cancel (narrow intervals and far tails:
+        the variance small against ``a^2``, ``b^2``; the mean's ``r_low - r_high``), by
+        quadrature of the standardized ``Y = X - a`` (reflected so that ``a`` is the end
+        nearer the mode), exact to rounding. Returns ``(used, mean, variance)``: where
+        ``used`` is false the closed forms hold and the two others are placeholders."""
         loc, scale = self.loc, self.scale
-        inf = torch.full_like(closed, math.inf)
+        inf = torch.full_like(self.log_normalizer, math.inf)
         a = -inf if self.low is None else (self.low - loc) / scale
         b = inf if self.high is None else (self.high - loc) / scale
         if self.low is not None and self.high is not None:
@@ -323,13 +309,33 @@ class TruncatedNormal(TruncatedDistribution):
         use_legendre = (width <= _GL_MAX_WIDTH) & (a_abs * width <= _GL_MAX_WIDTH)
         use_laguerre = ~use_legendre & (a >= _LAGUERRE_MIN_A)
         # each rule sees safe inputs where it is not used (finite values and gradients)
-        one = torch.ones_like(closed)
-        legendre = _variance_legendre(
+        one = torch.ones_like(a)
+        legendre = _moments_legendre(
             torch.where(use_legendre, a, 0.0), torch.where(use_legendre, width, one)
         )
-        laguerre = _variance_laguerre(
+        laguerre = _moments_laguerre(
             torch.where(use_laguerre, a, _LAGUERRE_MIN_A),
             torch.where(use_laguerre, width.clamp(max=_MAX_WIDTH), one),
         )
-        standard = torch.where(use_legendre, legendre, torch.where(use_laguerre, laguerre, closed))
-        return scale**2 * standard
+        m, var = (torch.where(use_legendre, g, l) for g, l in zip(legendre, laguerre))
+        # the mean from the end the quadrature starts at (no rounding of a: it is low or
+        # high itself), low + scale m, or high - scale m when mirrored
+        zero = torch.zeros_like(a)
+        low = zero if self.low is None else self.low
+        high = zero if self.high is None else self.high
+        mean = torch.where(flip, high - scale * m, low + scale * m)
+        return use_legendre | use_laguerre, mean, scale**2 * var
+
+    @property
+    def mean(self):
+        r_low, r_high, _, _ = self._ratios()
+        closed = self.loc + self.scale * (r_low - r_high)
+        used, mean, _ = self._quadrature()
+        return torch.where(used, mean, closed)
+
+    @property
+    def variance(self):
+        r_low, r_high, a_r_low, b_r_high = self._ratios()
+        closed = 1.0 + a_r_low - b_r_high - (r_low - r_high) ** 2
+        used, _, variance = self._quadrature()
+        return torch.where(used, variance, self.scale**2 * closed)
