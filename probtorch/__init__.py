@@ -46,6 +46,14 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
+    if not name.startswith("_"):
+        from .inference import __all__ as inference_names
+
+        if name in inference_names:  # pt.SVI, pt.MCMC: where NumPyro and Pyro users look
+            raise AttributeError(
+                f"module {__name__!r} has no attribute {name!r}: it is in probtorch.infer "
+                f"(pt.infer.{name}, or from probtorch.infer import {name}), as in pyro.infer"
+            )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -7,6 +7,7 @@ runs never share hidden global state.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import weakref
 from collections.abc import Callable, Iterator
@@ -341,6 +342,22 @@ def fitted_params(*fns: Callable | None) -> dict[str, torch.Tensor] | None:
         if store is not None:
             return {name: store[name].detach() for name in store}
     return None
+
+
+def fitted_scope(fn: Callable | None):
+    """A context in which ``pt.param`` sites read the store of the SVI that last fitted
+    ``fn``, as Pyro's one param store holds them after ``svi.step`` (MCMC on a model whose
+    params an SVI fitted); a context that changes nothing where the caller chose a store or
+    no SVI fitted ``fn``.
+
+    Example::
+
+        >>> with fitted_scope(lambda: None):
+        ...     active_store() is get_param_store()
+        True
+    """
+    store = None if fn is None or store_chosen() else fitted_store_of(fn)
+    return contextlib.nullcontext() if store is None else param_scope(store)
 
 
 def fitted_store_of(fn: Callable) -> ParamStore | None:

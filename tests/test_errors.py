@@ -360,3 +360,12 @@ def test_integer_param_is_named():
         with pytest.raises(ValueError, match="param 'n': init_value has dtype torch.int64"):
             pt.param("n", torch.tensor(3))
         assert float(pt.param("m", 3).detach()) == 3.0  # a Python int is a float param
+
+
+def test_inference_names_on_the_top_module_point_to_infer():
+    """``pt.SVI``, ``pt.MCMC`` (where NumPyro's and Pyro's users look first) say where they
+    are; other missing names stay plain AttributeErrors (hasattr works)."""
+    for name in ("SVI", "MCMC", "NUTS", "Predictive", "Trace_ELBO"):
+        with pytest.raises(AttributeError, match=rf"pt\.infer\.{name}\b"):
+            getattr(pt, name)
+    assert not hasattr(pt, "SVI") and not hasattr(pt, "no_such_name")

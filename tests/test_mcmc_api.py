@@ -1821,6 +1821,53 @@ def test_eager_samplers_hold_the_models_trainable_tensors_constant(kernel, optio
     assert mcmc.to_inference_data().log_likelihood["y"].shape == (2, 10, 6)
 
 
+def test_mcmc_reads_the_params_an_svi_fitted_in_the_model():
+    """Fit a model's ``pt.param`` by SVI, then sample its latent sites by NUTS (type-II
+    maximum likelihood, then MCMC): the run, its deterministic sites and its log likelihood
+    read the fitted value, as Pyro's one param store gives it (they read the initial
+    value, 1, from the default store: a posterior sd of 1/sqrt(n) for s/sqrt(n)). Inside
+    ``pt.param_scope(store)`` the chosen store is read instead."""
+    from probtorch.inference import SVI, Trace_ELBO
+
+    gen = torch.Generator().manual_seed(0)
+    y = 3.0 + 2.0 * torch.randn(50, generator=gen)
+
+    def model(y):
+        s = pt.param("s", torch.tensor(1.0), constraint=dist.constraints.positive)
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        pt.deterministic("mu_over_s", mu / s)
+        with pt.plate("data", y.shape[0]):
+            pt.sample("y", dist.Normal(mu, s), obs=y)
+
+    def guide(y):
+        pt.sample("mu", dist.Delta(pt.param("loc", torch.tensor(0.0))))
+
+    svi = SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO())
+    for _ in range(400):
+        svi.step(y)
+    s = float(svi.get_params()["s"])
+    assert abs(s - float(y.std())) < 0.1  # the maximum-likelihood scale, about 2
+    mcmc = MCMC(NUTS(model, compile=False), num_warmup=200, num_samples=1000, num_chains=2,
+                progress_bar=False, seed=0)  # fmt: skip
+    mcmc.run(y)
+    draws = mcmc.get_samples()
+    exact_sd = 1.0 / math.sqrt(50 / s**2 + 1 / 100)
+    ess = float(az.ess(mcmc.get_samples(group_by_chain=True)["mu"].numpy()))
+    # the sd's relative standard error is about 1 / sqrt(2 ESS)
+    assert abs(float(draws["mu"].std()) / exact_sd - 1) < 4 / math.sqrt(2 * ess)
+    torch.testing.assert_close(draws["mu_over_s"], draws["mu"] / s)
+    log_lik = mcmc.to_inference_data().log_likelihood["y"].values  # (chain, draw, 50)
+    mu = mcmc.get_samples(group_by_chain=True)["mu"].numpy()[..., None]
+    expected = stats.norm(mu, s).logpdf(y.numpy())
+    np.testing.assert_allclose(log_lik, expected, rtol=1e-4)
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        chosen = MCMC(NUTS(model, compile=False), num_warmup=100, num_samples=100,
+                      progress_bar=False, seed=0)  # fmt: skip
+        chosen.run(y)
+    assert float(store["s"].detach()) == 1.0  # created there at its initial value and read there
+
+
 def test_each_mcmc_exports_its_own_run_with_a_shared_kernel():
     """Two MCMCs on one kernel: the first's export keeps its own data and log likelihood
     after the second ran (before, both read the kernel's latest potential)."""

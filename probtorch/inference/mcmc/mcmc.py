@@ -7,6 +7,7 @@ ArviZ.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import operator
@@ -15,6 +16,7 @@ import torch
 
 from ..._caller import warn_at_caller
 from ..._errors import explaining_rng_key
+from ...params import active_store, fitted_scope, param_scope, store_chosen
 from ..compile import inference_threads
 from .adaptation import warmup_windows
 from .diagnostics import ess_and_rhat, summary_table, to_inference_data
@@ -173,6 +175,7 @@ class MCMC:
         # the potential (model and arguments) of the last run, for its exports: the
         # kernel's is replaced by a run of another MCMC that shares the kernel
         self._potential = None
+        self._param_store = None  # the store the last run's pt.param sites read
         self.interrupted = False
 
     @property
@@ -276,7 +279,7 @@ class MCMC:
         threads meanwhile (default 1; see
         :func:`probtorch.inference.compile.inference_threads`).
         """
-        with inference_threads():
+        with inference_threads(), fitted_scope(getattr(self.kernel, "model", None)):
             self._run(args, kwargs, init_params, extra_fields)
 
     def warmup(
@@ -312,7 +315,7 @@ class MCMC:
             torch.Size([20])
         """
         self.post_warmup_state = None
-        with inference_threads():
+        with inference_threads(), fitted_scope(getattr(self.kernel, "model", None)):
             self._run(args, kwargs, init_params, extra_fields, warmup_only=True,
                       collect_warmup=collect_warmup)  # fmt: skip
 
@@ -336,6 +339,7 @@ class MCMC:
             )
         self._extra_fields = fields
         self._model_args, self._model_kwargs = args, kwargs
+        self._param_store = active_store()  # what the model's pt.param sites read
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31, ()).item())
         self._model_changed = False
         given = self._kept_state(args, kwargs)
@@ -655,17 +659,21 @@ class MCMC:
         if _MEAN_ACCEPT not in self._extra_fields:
             left_out.add(_MEAN_ACCEPT)
         stats = {k: v for k, v in self._stats.items() if k not in left_out}
-        return to_inference_data(
-            self._potential,
-            self._samples,
-            stats,
-            posterior_predictive=posterior_predictive,
-            prior=prior,
-            coords=coords,
-            dims=dims,
-            # a potential_fn's own factor is the whole density, no likelihood
-            factors=getattr(self.kernel, "potential_fn", None) is None,
-        )
+        # the log likelihood reads the params the run read (the fitted SVI's store, or the
+        # one chosen around run), unless the caller chooses one now
+        chosen = store_chosen() or self._param_store is None
+        with contextlib.nullcontext() if chosen else param_scope(self._param_store):
+            return to_inference_data(
+                self._potential,
+                self._samples,
+                stats,
+                posterior_predictive=posterior_predictive,
+                prior=prior,
+                coords=coords,
+                dims=dims,
+                # a potential_fn's own factor is the whole density, no likelihood
+                factors=getattr(self.kernel, "potential_fn", None) is None,
+            )
 
 
 # NumPyro's names of extra fields that probtorch records under its own
