@@ -1111,3 +1111,85 @@ def test_an_initial_value_for_a_summed_out_site_is_refused_as_such():
     refused = r"init_params has \['z'\], discrete site\(s\) that HMC/NUTS sum out "
     with pytest.raises(ValueError, match=refused + r".*take no initial value.*infer_discrete"):
         mcmc.run(y, init_params={**init, "z": torch.zeros(20, dtype=torch.long)})
+
+
+# -- infer_discrete (Pyro's handler) -------------------------------------------------------
+def test_infer_discrete_draws_each_assignment_from_its_posterior(float64):
+    """``mixture`` with p and mu replayed from a guide's trace (Pyro's pattern): z_i given
+    y_i is Bernoulli(q_i), q_i = p N(y_i; mu, 1) / (p N(y_i; mu, 1) + (1 - p) N(y_i; -1, 1)).
+    Three groups of 300 equal points; each group's frequency of z = 1 over four seeded
+    calls (1200 draws) within 4 standard errors of q. temperature=0 gives [q > 1/2]; an
+    outer trace records the final run once, z latent, p and mu at the replayed values."""
+    from probtorch.inference import infer_discrete
+
+    y = torch.tensor([-1.5, 0.6, 2.5], dtype=torch.float64).repeat_interleave(300)
+    p, mu = torch.tensor(0.3, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)
+
+    def guide(y):
+        pt.sample("p", dist.Delta(p))
+        pt.sample("mu", dist.Delta(mu))
+
+    guide_trace = trace(pt.handlers.seed(guide, rng_seed=0)).get_trace(y)
+    trained = pt.handlers.replay(mixture, trace=guide_trace)
+    one = dist.Normal(mu, 1.0).log_prob(y[::300]).exp() * p
+    zero = dist.Normal(-1.0, 1.0).log_prob(y[::300]).exp() * (1 - p)
+    q = one / (one + zero)
+    draws = []
+    for seed in range(4):
+        tr = trace(pt.handlers.seed(infer_discrete(trained), rng_seed=seed)).get_trace(y)
+        assert not tr["z"].is_observed and float(tr["p"].value) == 0.3
+        assert [name for name in tr if name in ("p", "mu", "z", "y")] == ["p", "mu", "z", "y"]
+        draws.append(tr["z"].value.reshape(3, 300))
+    freq = torch.cat(draws, 1).mean(1)
+    se = (q * (1 - q) / 1200).sqrt()
+    assert bool(((freq - q).abs() <= 4 * se + 1e-12).all()), (freq, q)
+    viterbi = infer_discrete(trained, first_available_dim=-2, temperature=0)
+    most_probable = trace(viterbi).get_trace(y)["z"].value.reshape(3, 300)
+    assert torch.equal(most_probable, (q > 0.5).to(most_probable.dtype)[:, None].expand(3, 300))
+
+
+def test_infer_discrete_viterbi_path_of_a_markov_chain(float64):
+    """temperature=0 on a ``pt.markov`` chain: the most probable joint path, against the
+    best of all 3^6 paths scored by hand; as a decorator with Pyro's arguments."""
+    from probtorch.inference import infer_discrete
+
+    y = torch.tensor([-1.2, 0.3, 2.4, 1.8, -0.7, 0.6], dtype=torch.float64)
+    scale = torch.tensor(0.8, dtype=torch.float64)
+    conditioned = pt.handlers.condition(markov_chain, data={"scale": scale})
+
+    @infer_discrete(first_available_dim=-1, temperature=0)
+    def decoder(y):
+        return conditioned(y)
+
+    tr = trace(decoder).get_trace(y)
+    path = [int(tr[f"z{t}"].value) for t in range(6)]
+    emit = dist.Normal(LOCS, scale).log_prob(y[:, None])
+
+    def score(states):
+        total, previous = 0.0, 0
+        for t, s in enumerate(states):
+            total += float(TRANSITIONS[previous, s].log() + emit[t, s])
+            previous = s
+        return total
+
+    best = max(itertools.product(range(3), repeat=6), key=score)
+    assert path == list(best)
+
+
+def test_infer_discrete_errors_and_a_model_without_discrete_sites():
+    from probtorch.inference import infer_discrete
+
+    with pytest.raises(ValueError, match="temperature must be 1 .* or 0"):
+        infer_discrete(mixture, temperature=0.5)
+    with pytest.raises(ValueError, match="first_available_dim must be a negative integer"):
+        infer_discrete(mixture, first_available_dim=1)
+    y = _mixture_data(5)
+    fixed = pt.handlers.condition(mixture, data={"p": torch.tensor(0.5), "mu": torch.tensor(2.0)})
+    with pytest.raises(pt.RandomnessError, match=r"infer_discrete\(temperature=1\).*\['z'\]"):
+        infer_discrete(fixed)(y)
+
+    def continuous(y):
+        return pt.sample("m", dist.Normal(0.0, 1.0), obs=y[0])
+
+    with pytest.warns(UserWarning, match="no discrete latent site"):
+        assert float(infer_discrete(continuous)(y)) == float(y[0])

@@ -2,6 +2,7 @@
 
 from ..handlers import config_enumerate
 from . import autoguide
+from .discrete import infer_discrete
 from .elbo import (
     JitTrace_ELBO,
     JitTraceEnum_ELBO,
@@ -52,5 +53,6 @@ __all__ = [
     "Predictive",
     "log_likelihood",
     "config_enumerate",
+    "infer_discrete",
     "autoguide",
 ]
