@@ -38,8 +38,20 @@ def _require_seed(msg: Message, what: str) -> None:
         )
 
 
+def _is_point_mass(fn) -> bool:
+    """Whether ``fn`` is a ``Delta`` (through ``to_event``, ``mask`` and ``expand``): its
+    draw takes no random numbers (an ``AutoDelta`` guide runs without a seed, as in
+    Pyro)."""
+    wrappers = (torch.distributions.Independent, pyro_dist.MaskedDistribution,
+                pyro_dist.ExpandedDistribution)  # fmt: skip
+    while isinstance(fn, wrappers):
+        fn = fn.base_dist
+    return isinstance(fn, pyro_dist.Delta)
+
+
 def _sample_default(msg: Message) -> torch.Tensor:
-    _require_seed(msg, "sample site")
+    if not _is_point_mass(msg.fn):
+        _require_seed(msg, "sample site")
     sample_shape = msg.kwargs.get("sample_shape", ())
     if msg.fn.has_rsample:
         return msg.fn.rsample(sample_shape)

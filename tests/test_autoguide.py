@@ -1000,3 +1000,36 @@ def test_pyros_spellings_of_autoguide_and_init_options_are_taken():
             strict()
     with pytest.raises(RuntimeError, match=r"AutoDelta\.quantiles: the guide has not been set up"):
         AutoDelta(model).quantiles([0.5])
+
+
+def test_pyro_gmm_tutorial_map_assignments_without_a_seed():
+    """Pyro's Gaussian mixture tutorial, as written there: an AutoDelta guide traced with
+    no seed (a point mass draws no random numbers; it raised RandomnessError), its trace
+    replayed into the model and ``infer_discrete(temperature=0)`` for the MAP assignments."""
+    from probtorch.inference import TraceEnum_ELBO, config_enumerate, infer_discrete
+
+    data = torch.tensor([0.0, 1.0, 10.0, 11.0, 12.0])
+
+    @config_enumerate
+    def model(data):
+        weights = pt.sample("weights", dist.Dirichlet(0.5 * torch.ones(2)))
+        scale = pt.sample("scale", dist.LogNormal(0.0, 2.0))
+        with pt.plate("components", 2):
+            locs = pt.sample("locs", dist.Normal(0.0, 10.0))
+        with pt.plate("data", len(data)):
+            assignment = pt.sample("assignment", dist.Categorical(weights))
+            pt.sample("obs", dist.Normal(locs[assignment], scale), obs=data)
+
+    inits = {"weights": torch.ones(2) / 2, "scale": torch.tensor(3.0),
+             "locs": torch.tensor([11.0, 0.5])}  # fmt: skip
+    guide = AutoDelta(pt.handlers.block(model, expose=["weights", "locs", "scale"]),
+                      init_loc_fn=lambda site: inits[site["name"]])  # fmt: skip
+    svi = SVI(model, guide, pt.optim.Adam({"lr": 0.1}), TraceEnum_ELBO(max_plate_nesting=1))
+    for _ in range(100):
+        svi.step(data)
+    guide_trace = pt.handlers.trace(guide).get_trace(data)
+    assert {"weights", "scale", "locs"} <= set(guide_trace.stochastic_nodes)
+    trained = pt.handlers.replay(model, trace=guide_trace)
+    inferred = infer_discrete(trained, temperature=0, first_available_dim=-2)
+    assignment = pt.handlers.trace(inferred).get_trace(data).nodes["assignment"]["value"]
+    assert assignment.tolist() == [1, 1, 0, 0, 0]
