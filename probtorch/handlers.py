@@ -25,6 +25,7 @@ __all__ = [
     "substitute",
     "condition",
     "uncondition",
+    "lift",
     "block",
     "replay",
     "scale",
@@ -522,6 +523,67 @@ class uncondition(Messenger):
         msg.infer = {**msg.infer, "obs": msg.value, "was_observed": True}
         msg.value = None
         msg.is_observed = False
+
+
+class lift(Messenger):
+    """Turn ``pt.param`` sites into sample sites from a prior (Pyro's ``poutine.lift``): a
+    model with learnable parameters becomes a Bayesian one.
+
+    ``prior`` is a distribution for every param, or a dict of distributions by param name
+    (other params stay params). A param read twice in one run is one site: later reads
+    return the first draw.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.param("w", torch.tensor(1.0)) * 2.0
+        >>> lifted = pt.handlers.lift(model, prior={"w": dist.Normal(0.0, 1.0)})
+        >>> tr = pt.handlers.trace(pt.handlers.seed(lifted, 0)).get_trace()
+        >>> tr["w"].type, bool(tr["w"].value != 1.0)
+        ('sample', True)
+    """
+
+    def __init__(self, fn: Callable | None = None, prior=None):
+        super().__init__(fn)
+        if isinstance(prior, dict):
+            bad = {k: type(v).__name__ for k, v in prior.items() if not _is_distribution(v)}
+        else:
+            bad = {} if _is_distribution(prior) else {"prior": type(prior).__name__}
+        if bad:
+            raise TypeError(
+                f"lift: prior must be a distribution or a dict of distributions by param "
+                f"name; got {bad}"
+            )
+        self.prior = prior
+        self._drawn: dict[str, Message] = {}
+
+    def __enter__(self):
+        self._drawn = {}  # one draw per param per run
+        return super().__enter__()
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type != "param":
+            return
+        if isinstance(self.prior, dict):
+            if msg.name not in self.prior:
+                return
+            prior = self.prior[msg.name]
+        else:
+            prior = self.prior
+        from .primitives import _sample_default  # (primitives imports this module)
+
+        msg.type, msg.fn, msg.args, msg.kwargs = "sample", prior, (), {}
+        msg.default, msg.is_observed = _sample_default, False
+        first = self._drawn.get(msg.name)
+        if first is not None:  # a second read: the first draw, seen by no further handler
+            msg.value, msg.is_observed, msg.stop = first.value, True, True
+        else:
+            self._drawn[msg.name] = msg
+
+
+def _is_distribution(value) -> bool:
+    return isinstance(value, torch.distributions.Distribution)
 
 
 class block(Messenger):

@@ -1139,3 +1139,45 @@ def test_uncondition_draws_the_observed_sites_as_pyros():
     assert torch.equal(tr["y"].value, free["y"].value)
     outer = trace(seed(condition(pt.handlers.uncondition(model), {"y": y}), 0)).get_trace(None)
     assert outer["y"].is_observed  # a condition outside observes again, as in Pyro
+
+
+def test_lift_turns_params_into_sample_sites(float64):
+    """Pyro's poutine.lift: the params named in the prior become latent sample sites (a
+    second read of one is the same draw, recorded once); the others stay params. The
+    lifted model's potential is -(log prior + log likelihood) at the point; a prior that
+    is not a distribution is refused naming the param."""
+    from probtorch.inference import Potential
+
+    y = torch.tensor([0.5, 1.5, 2.0])
+
+    def model(y):
+        w = pt.param("w", torch.tensor(0.0))
+        s = pt.param("s", torch.tensor(0.7), constraint=dist.constraints.positive)
+        with pt.plate("n", 3):
+            pt.sample("y", dist.Normal(pt.param("w") + 0.0 * w, s), obs=y)
+        return w
+
+    prior = dist.Normal(1.0, 2.0)
+    lifted = pt.handlers.lift(model, prior={"w": prior})
+    tr = trace(seed(lifted, rng_seed=0)).get_trace(y)
+    assert [(name, site.type) for name, site in tr.items()] == [
+        ("w", "sample"),
+        ("s", "param"),
+        ("n", "plate"),
+        ("y", "sample"),
+    ]
+    assert not tr["w"].is_observed and float(tr["w"].value) != 0.0
+    torch.testing.assert_close(tr["y"].fn.loc, tr["w"].value.expand(3))
+    with pt.param_scope(pt.ParamStore()):
+        potential = Potential(lifted, (y,), compile=False)
+        assert potential.site_names == ["w"]
+        w = torch.tensor([[0.3], [1.9]], dtype=torch.float64)
+        expected = -(
+            stats.norm(1.0, 2.0).logpdf(w.numpy()[:, 0])
+            + stats.norm(w.numpy(), 0.7).logpdf(y.numpy()).sum(-1)
+        )
+        np.testing.assert_allclose(potential(w).detach().numpy(), expected, rtol=1e-6)
+    every = trace(seed(pt.handlers.lift(model, prior=dist.HalfNormal(1.0)), 0)).get_trace(y)
+    assert every["w"].type == "sample" and every["s"].type == "sample"
+    with pytest.raises(TypeError, match=r"lift: prior must be a distribution.*'w': 'float'"):
+        pt.handlers.lift(model, prior={"w": 1.0})
