@@ -939,6 +939,7 @@ class reparam(Messenger):
         if value is not None:
             if new_fn is None:
                 msg.type = "deterministic"
+                msg.kwargs = {"event_dim": len(msg.fn.event_shape)}
                 msg.fn = None
                 msg.value = value
                 msg.is_observed = False

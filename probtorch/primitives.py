@@ -212,8 +212,10 @@ def param(
 def deterministic(name: str, value: torch.Tensor, event_dim: int | None = None) -> torch.Tensor:
     """Record ``value`` under ``name`` in traces and MCMC output.
 
-    ``event_dim`` is taken for Pyro's signature (there it sets the event dims of the
-    site's ``Delta``); a deterministic site has no density here, so it changes nothing.
+    ``event_dim`` (Pyro's) counts the value's rightmost dims that are not batch dims: a
+    deterministic site has no density here, and it tells which dims the enclosing plates
+    span where MCMC's ``to_inference_data`` names them (without it, the rightmost dims
+    whose sizes line up with the plates').
 
     Example::
 
@@ -226,7 +228,7 @@ def deterministic(name: str, value: torch.Tensor, event_dim: int | None = None) 
     """
     if not get_stack():
         return value
-    msg = Message("deterministic", name, value=value)
+    msg = Message("deterministic", name, value=value, kwargs={"event_dim": event_dim})
     return apply_stack(msg).value
 
 

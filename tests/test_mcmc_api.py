@@ -2033,3 +2033,59 @@ def test_init_params_where_an_observation_leaves_its_support_are_named():
     with pytest.raises(ValueError, match=r"at init_params \(chain 0\): .*site 'y'.*outside "
                        r"the support"):  # fmt: skip
         mcmc.run(torch.tensor([0.0, 0.5]), init_params={"mu": torch.tensor(5.0)})
+
+
+def test_to_inference_data_groups_dims_and_coords_as_from_numpyro():
+    """(review helper-58) coords reach sample_stats (its chains were 0..C-1 beside the
+    posterior's labels: an xarray where() across groups dropped every chain); a
+    deterministic site's plate dim is named, by its event_dim or by the plates' sizes
+    (a (J, 2) value in plate J had no J); constant_data, predictions,
+    predictions_constant_data, pred_dims and log_likelihood=False as from_numpyro's; dims
+    and coords that do not fit are refused naming the site; a run with no draws is
+    refused by the summaries instead of giving empty ones."""
+
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(torch.zeros(2), 5.0).to_event(1))
+        with pt.plate("J", len(y)):
+            th = pt.sample("th", dist.Normal(0.0, 1.0))
+            pt.deterministic("pair", torch.stack([th + mu[0], th + mu[1]], -1))
+            pt.deterministic("pair1", torch.stack([th, th], -1)[..., :1], event_dim=1)
+            pt.sample("y", dist.Normal(th, 1.0), obs=y)
+
+    mcmc = MCMC(NUTS(model, compile=False), num_warmup=30, num_samples=20, num_chains=2,
+                seed=0, progress_bar=False)  # fmt: skip
+    mcmc.run(torch.arange(6.0))
+    idata = mcmc.to_inference_data(coords={"chain": ["a", "b"]})
+    assert idata.sample_stats.chain.values.tolist() == ["a", "b"]
+    kept = idata.posterior.th.where(idata.sample_stats.diverging == False)  # noqa: E712
+    assert dict(kept.sizes) == {"chain": 2, "draw": 20, "J": 6}
+    assert idata.posterior.pair.dims == ("chain", "draw", "J", "pair_dim_1")
+    assert idata.posterior.pair1.dims == ("chain", "draw", "J", "pair1_dim_1")
+    full = mcmc.to_inference_data(
+        dims={"x": ["J"]},
+        constant_data={"x": torch.arange(6.0)},
+        predictions={"y": torch.zeros(40, 3)},
+        predictions_constant_data={"x_new": [1.0, 2.0, 3.0]},
+        pred_dims={"y": ["new"], "x_new": ["new"]},
+        log_likelihood=False,
+    )
+    assert "log_likelihood" not in full.groups()
+    assert full.constant_data.x.dims == ("J",)
+    assert full.predictions.y.dims == ("chain", "draw", "new")
+    assert full.predictions_constant_data.x_new.dims == ("new",)
+    refused = [
+        ({"dims": {"th": ["j", "extra"]}}, r"dims for 'th' in posterior name 2 dims.*has 1"),
+        ({"coords": {"J": [0, 1, 2]}}, r"coords\['J'\] has 3 values.*'th' in posterior has size 6"),
+        ({"dims": {"nosuch": ["a"]}}, r"dims names \['nosuch'\], which no group holds"),
+        ({"coords": {"chain": [1, 2, 3]}}, r"coords\['chain'\] has 3 values for the run's 2"),
+    ]
+    for options, message in refused:
+        with pytest.raises(ValueError, match=message):
+            mcmc.to_inference_data(**options)
+    only_warmup = MCMC(NUTS(model, compile=False), num_warmup=10, num_samples=10,
+                       progress_bar=False, seed=0)  # fmt: skip
+    only_warmup.warmup(torch.arange(6.0))
+    for summary in (only_warmup.print_summary, only_warmup.to_inference_data,
+                    only_warmup.diagnostics):  # fmt: skip
+        with pytest.raises(RuntimeError, match="kept no draws"):
+            summary()

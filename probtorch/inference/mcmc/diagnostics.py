@@ -123,13 +123,35 @@ def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
     return "\n".join(lines)
 
 
+def _plates_fit(shape: tuple, event_dim: int, plates: dict) -> bool:
+    """Whether every plate that reaches into the batch dims of ``shape`` spans one of its
+    size there."""
+    batch_ndim = len(shape) - event_dim
+    return all(
+        shape[batch_ndim + dim] == frame.subsample_size
+        for dim, frame in plates.items()
+        if -dim <= batch_ndim
+    )
+
+
+def _event_dim(site, shape: tuple, plates: dict) -> int:
+    """A site's event dims: its distribution's; a deterministic site's ``event_dim``, or
+    the fewest that line its batch dims up with the plates' sizes (0 if none do)."""
+    if site.type == "sample" and site.fn is not None:
+        return num_event_dims(site.fn)
+    given = (site.kwargs or {}).get("event_dim")
+    if given is not None:
+        return given
+    fits = (e for e in range(len(shape) + 1) if _plates_fit(shape, e, plates))
+    return next(fits, 0)
+
+
 def site_dims(site) -> list[str]:
     """ArviZ dim names for a site's value: the enclosing plate's name for a batch dim that a
     plate spans (at its size), ``{site}_dim_{i}`` (ArviZ's default) for the others."""
     shape = tuple(site.value.shape)
-    event_dim = num_event_dims(site.fn) if site.type == "sample" and site.fn is not None else 0
-    batch_ndim = len(shape) - event_dim
     plates = {frame.dim: frame for frame in site.cond_indep_stack}
+    batch_ndim = len(shape) - _event_dim(site, shape, plates)
     dims = []
     for i, size in enumerate(shape):
         frame = plates.get(i - batch_ndim) if i < batch_ndim else None
@@ -178,6 +200,11 @@ def to_inference_data(
     coords: dict | None = None,
     dims: dict | None = None,
     factors: bool = True,
+    constant_data: dict | None = None,
+    predictions: dict | None = None,
+    predictions_constant_data: dict | None = None,
+    pred_dims: dict | None = None,
+    log_likelihood: bool = True,
 ):
     """Build ``arviz.InferenceData``: posterior, sample_stats, observed_data and
     log_likelihood (of the observed sites and, with ``factors``, as NumPyro's, of the
@@ -188,6 +215,10 @@ def to_inference_data(
     leaves out (``obs_mask``, ``handlers.mask``) are left out of ``log_likelihood`` and
     ``observed_data``, whose counted entries lie along one dim ``{site}_counted`` (for LOO),
     in place of the batch dims ``dims`` gives the site; so do its predictive draws.
+    ``constant_data``, ``predictions`` and ``predictions_constant_data`` (named by
+    ``pred_dims``) make those groups, as ``arviz.from_numpyro``'s; ``log_likelihood=False``
+    leaves that group out. Dims and coords that do not fit the values are refused, naming
+    the site.
     """
     az = _arviz()
     trace = potential.prototype_trace
@@ -199,21 +230,24 @@ def to_inference_data(
     }
     user_dims = dict(dims or {})
 
-    def dataset(values: dict, default_dims, extra_dims=None):
-        named = {**site_dim_names, **user_dims, **(extra_dims or {})}
+    held: dict[str, set] = {"dims": set(), "pred_dims": set()}  # names a group holds
+
+    def dataset(values: dict, default_dims, extra_dims=None, group="", given=user_dims):
+        named = {**site_dim_names, **given, **(extra_dims or {})}
+        named = {k: named[k] for k in values if k in named}
+        _check_dims(group, values, named, 2 if default_dims is None else 0, coords, (C, S))
+        held["pred_dims" if given is not user_dims else "dims"].update(values)
         return az.dict_to_dataset(
-            values,
-            library=None,
-            coords=coords,
-            dims={k: named[k] for k in values if k in named},
-            default_dims=default_dims,
+            values, library=None, coords=coords, dims=named, default_dims=default_dims
         )
 
-    groups = {"posterior": dataset({k: _numpy(v) for k, v in samples.items()}, None)}
+    groups = {
+        "posterior": dataset({k: _numpy(v) for k, v in samples.items()}, None, group="posterior")
+    }
     sample_stats = {_ARVIZ_STATS[k]: _numpy(v) for k, v in stats.items() if k in _ARVIZ_STATS}
     if "potential_energy" in stats:
         sample_stats["lp"] = -_numpy(stats["potential_energy"])
-    groups["sample_stats"] = az.dict_to_dataset(sample_stats, library=None)
+    groups["sample_stats"] = az.dict_to_dataset(sample_stats, library=None, coords=coords)
 
     # the observed sites and the factors (pt.factor), which count in the log likelihood
     # (as NumPyro's) but observe nothing: they are left out of observed_data
@@ -244,8 +278,8 @@ def to_inference_data(
             observed[name] = _numpy(value)
             observed_dims[name] = names
     if observed:
-        groups["observed_data"] = dataset(observed, [], observed_dims)
-    if samples and likelihood_sites:
+        groups["observed_data"] = dataset(observed, [], observed_dims, "observed_data")
+    if samples and likelihood_sites and log_likelihood:
         flat = {k: v.reshape((C * S,) + v.shape[2:]) for k, v in samples.items()}
         log_likelihood = {}
         for name, value in potential.log_likelihood(flat).items():
@@ -255,7 +289,7 @@ def to_inference_data(
             if counted[name] is not None:
                 value = value[:, :, counted[name]]
             log_likelihood[name] = _numpy(value)
-        groups["log_likelihood"] = dataset(log_likelihood, None, pointwise_dims)
+        groups["log_likelihood"] = dataset(log_likelihood, None, pointwise_dims, "log_likelihood")
 
     def counted_only(values: dict) -> dict:
         """Predictive draws of a partly masked site at its counted entries, as in
@@ -269,7 +303,9 @@ def to_inference_data(
 
     if posterior_predictive:
         values = {k: _chains_and_draws(v, C, S, k) for k, v in posterior_predictive.items()}
-        groups["posterior_predictive"] = dataset(counted_only(values), None, observed_dims)
+        groups["posterior_predictive"] = dataset(
+            counted_only(values), None, observed_dims, "posterior_predictive"
+        )
     if prior:
         values = {k: _numpy(v)[None] for k, v in prior.items()}
         # an observed site, or the value that an obs_mask site combines
@@ -279,7 +315,54 @@ def to_inference_data(
         predictive = {k: v for k, v in values.items() if k in observable}
         latent = {k: v for k, v in values.items() if k not in observable}
         if latent:
-            groups["prior"] = dataset(latent, None)
+            groups["prior"] = dataset(latent, None, group="prior")
         if predictive:
-            groups["prior_predictive"] = dataset(counted_only(predictive), None, observed_dims)
+            groups["prior_predictive"] = dataset(
+                counted_only(predictive), None, observed_dims, "prior_predictive"
+            )
+    given_pred = dict(pred_dims or {})
+    if predictions:
+        values = {k: _chains_and_draws(v, C, S, k) for k, v in predictions.items()}
+        groups["predictions"] = dataset(values, None, group="predictions", given=given_pred)
+    for group, data, given in (
+        ("constant_data", constant_data, user_dims),
+        ("predictions_constant_data", predictions_constant_data, given_pred),
+    ):
+        if data:
+            values = {k: _numpy(torch.as_tensor(v)) for k, v in data.items()}
+            groups[group] = dataset(values, [], group=group, given=given)
+    for option, names in (("dims", user_dims), ("pred_dims", given_pred)):
+        unknown = sorted(set(names) - held[option])
+        if unknown:
+            raise ValueError(
+                f"to_inference_data: {option} names {unknown}, which no group holds; the "
+                f"variables are {sorted(held[option])}"
+            )
     return az.InferenceData(**groups)
+
+
+def _check_dims(group: str, values: dict, named: dict, lead: int, coords, chains_draws):
+    """Refuse dims that a value does not have and coords of another length than their
+    dim, naming the site (ArviZ's errors name neither, or raise a bare KeyError)."""
+    coords = coords or {}
+    if lead:
+        for dim, size in zip(("chain", "draw"), chains_draws, strict=True):
+            if dim in coords and len(coords[dim]) != size:
+                raise ValueError(
+                    f"to_inference_data: coords[{dim!r}] has {len(coords[dim])} values for "
+                    f"the run's {size} {dim}s"
+                )
+    for name, names in named.items():
+        shape = values[name].shape[lead:]
+        where = f"{name!r} in {group}" if group else repr(name)
+        if len(names) > len(shape):
+            raise ValueError(
+                f"to_inference_data: dims for {where} name {len(names)} dims {list(names)}, "
+                f"but its value has {len(shape)} (shape {tuple(shape)} per draw)"
+            )
+        for dim, size in zip(names, shape, strict=False):
+            if dim in coords and len(coords[dim]) != size:
+                raise ValueError(
+                    f"to_inference_data: coords[{dim!r}] has {len(coords[dim])} values, but "
+                    f"dim {dim!r} of {where} has size {size} (shape {tuple(shape)} per draw)"
+                )

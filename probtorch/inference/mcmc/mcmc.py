@@ -534,6 +534,16 @@ class MCMC:
         if self._samples is None:
             raise RuntimeError("call .run(...) first")
 
+    def _require_draws(self, what: str) -> None:
+        """A summary of the draws needs some (a run interrupted in its warmup, or
+        ``warmup()`` without ``collect_warmup``, kept none)."""
+        self._require_run()
+        if self._stats["diverging"].shape[-1] == 0:
+            raise RuntimeError(
+                f"{what}: this MCMC kept no draws (its run was interrupted during warmup, or "
+                f"only warmup() ran, without collect_warmup=True); run(...) draws them"
+            )
+
     def get_samples(self, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
         """Draws per site (latent and deterministic), ``(C * S, ...)`` or ``(C, S, ...)``:
         copies, so that changing them in place (``s["mu"] -= m``) leaves the run's own
@@ -558,7 +568,7 @@ class MCMC:
         """Mean, sd, quantiles, bulk ESS and R-hat per scalar, and the divergence count:
         of the latent sites, and of the deterministic ones too with
         ``exclude_deterministic=False`` (NumPyro's option and default)."""
-        self._require_run()
+        self._require_draws("print_summary")
         samples = self._samples
         if exclude_deterministic:
             latent = set(self._potential.site_names)
@@ -588,7 +598,7 @@ class MCMC:
             >>> d["x"]["r_hat"].shape, sorted(d["divergences"]), sorted(d["acceptance rate"])
             (torch.Size([2]), ['chain 0', 'chain 1'], ['chain 0', 'chain 1'])
         """
-        self._require_run()
+        self._require_draws("diagnostics")
         result: dict = {}
         for name, value in self._samples.items():
             ess, rhat = ess_and_rhat(value)
@@ -614,6 +624,12 @@ class MCMC:
         prior: dict | None = None,
         coords: dict | None = None,
         dims: dict | None = None,
+        *,
+        constant_data: dict | None = None,
+        predictions: dict | None = None,
+        predictions_constant_data: dict | None = None,
+        pred_dims: dict | None = None,
+        log_likelihood: bool = True,
     ):
         """ArviZ InferenceData: posterior, sample_stats, observed_data, log_likelihood.
 
@@ -625,7 +641,16 @@ class MCMC:
                 the value an ``obs_mask`` site combines) go to ``prior_predictive``, the
                 others to ``prior``.
             coords, dims: as in ``arviz.from_dict``; ``dims`` overrides the dim names taken
-                from the plates.
+                from the plates. A name in ``dims`` that no group holds, more dims than a
+                value has, or coords of another length than their dim are refused, naming
+                the site.
+            constant_data, predictions_constant_data: arrays by name (the model's inputs,
+                say), for those groups, as ``arviz.from_numpyro``'s.
+            predictions: draws at new inputs (``Predictive`` on other data), shaped as
+                ``posterior_predictive``'s; ``pred_dims`` names their dims (and those of
+                ``predictions_constant_data``).
+            log_likelihood: False leaves the pointwise log likelihood out (it evaluates
+                the model for every draw).
 
         ``log_likelihood`` holds the observed sites and, as NumPyro's, the ``pt.factor``
         sites (a likelihood written ``pt.factor("ll", logp)`` in a plate is pointwise;
@@ -653,7 +678,7 @@ class MCMC:
             >>> dict(idata.posterior_predictive["y"].sizes)
             {'chain': 2, 'draw': 50, 'obs': 4}
         """
-        self._require_run()
+        self._require_draws("to_inference_data")
         # as ArviZ's from_numpyro: mean_accept_prob where it was asked for
         left_out = {"tree_depth"} if not self._builds_trees() else set()
         if _MEAN_ACCEPT not in self._extra_fields:
@@ -673,6 +698,11 @@ class MCMC:
                 dims=dims,
                 # a potential_fn's own factor is the whole density, no likelihood
                 factors=getattr(self.kernel, "potential_fn", None) is None,
+                constant_data=constant_data,
+                predictions=predictions,
+                predictions_constant_data=predictions_constant_data,
+                pred_dims=pred_dims,
+                log_likelihood=log_likelihood,
             )
 
 
