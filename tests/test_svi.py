@@ -45,8 +45,11 @@ def _posterior(y):
     return float(y.sum() / precision), precision**-0.5
 
 
-@pytest.mark.parametrize("elbo", [Trace_ELBO(num_particles=8), TraceMeanField_ELBO(8)],
-                         ids=["Trace_ELBO", "TraceMeanField_ELBO"])
+@pytest.mark.parametrize(
+    "elbo",
+    [Trace_ELBO(num_particles=8), TraceMeanField_ELBO(8)],
+    ids=["Trace_ELBO", "TraceMeanField_ELBO"],
+)
 def test_conjugate_normal_recovers_the_exact_posterior(elbo):
     y = _data()
     mean, sd = _posterior(y)
@@ -87,8 +90,15 @@ def test_compiled_step_has_no_graph_breaks_no_recompiles_and_eager_losses():
 
     def make(compile):
         optim = pt.optim.scheduler(ExponentialLR, pt.optim.Adam(lr=0.05), gamma=0.9)
-        return SVI(regression_model, regression_guide, optim, Trace_ELBO(num_particles=2),
-                   compile=compile, seed=3, steps_per_call=2)
+        return SVI(
+            regression_model,
+            regression_guide,
+            optim,
+            Trace_ELBO(num_particles=2),
+            compile=compile,
+            seed=3,
+            steps_per_call=2,
+        )
 
     compiled, eager = make(True), make(False)
     with count_compiles() as first:
@@ -202,14 +212,24 @@ def test_compiled_tracegraph_with_module_and_discrete_draws_matches_eager():
         logits = net(x.unsqueeze(-1))[..., 0]
         pt.sample("mu", dist.Normal(pt.param("m", torch.tensor(0.0)), 1.0))
         with pt.plate("n", len(x)):
-            pt.sample("z", dist.Bernoulli(logits=logits),
-                      infer={"baseline": {"use_decaying_avg_baseline": True}})
+            pt.sample(
+                "z",
+                dist.Bernoulli(logits=logits),
+                infer={"baseline": {"use_decaying_avg_baseline": True}},
+            )
 
     results = {}
     for compile in (False, True):
         net.load_state_dict(initial)
-        svi = SVI(mixture_model, guide, pt.optim.Adam(lr=0.02), TraceGraph_ELBO(num_particles=3),
-                  compile=compile, seed=5, steps_per_call=1)
+        svi = SVI(
+            mixture_model,
+            guide,
+            pt.optim.Adam(lr=0.02),
+            TraceGraph_ELBO(num_particles=3),
+            compile=compile,
+            seed=5,
+            steps_per_call=1,
+        )
         with count_compiles() as stats:
             results[compile] = svi.run(8, x, progress_bar=False)
         assert stats.graph_breaks == 0
@@ -237,8 +257,14 @@ def test_new_floats_and_batch_sizes_do_not_recompile_the_step_each_time():
     y = _data(20)
 
     def make(compile):
-        return SVI(annealed_model, annealed_guide, pt.optim.Adam(lr=0.05), Trace_ELBO(),
-                   compile=compile, seed=2)
+        return SVI(
+            annealed_model,
+            annealed_guide,
+            pt.optim.Adam(lr=0.05),
+            Trace_ELBO(),
+            compile=compile,
+            seed=2,
+        )
 
     compiled, eager = make(True), make(False)
     with count_compiles() as stats:
@@ -266,8 +292,9 @@ def test_dropout_in_the_guide_with_a_last_smaller_batch():
     # under the step's gradient transform: "Cannot call numel() on tensor with symbolic
     # sizes"; each batch size now has a static graph
     torch.manual_seed(0)
-    encoder = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.2),
-                                  torch.nn.Linear(4, 1))
+    encoder = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.Dropout(0.2), torch.nn.Linear(4, 1)
+    )
 
     def model(x):
         with pt.plate("n", x.shape[0]):
@@ -300,8 +327,10 @@ def test_a_model_that_needs_its_float_as_a_number_still_compiles():
         normal_guide(y)
 
     y = _data(10)
-    compiled, eager = (SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=c,
-                           seed=1) for c in (True, False))
+    compiled, eager = (
+        SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=c, seed=1)
+        for c in (True, False)
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for tau in (0.3, 2.0):
@@ -356,8 +385,7 @@ def test_run_continues_and_restarts_from_init_params():
     y = _data(5)
 
     def make():
-        return SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(),
-                   compile=False)
+        return SVI(normal_model, normal_guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
 
     whole = make().run(30, y, progress_bar=False)
     split = make()
@@ -422,8 +450,7 @@ def test_a_store_loaded_before_the_first_step_reaches_the_module(tmp_path):
             pt.module("net", net)
             pt.sample("mu", dist.Normal(net(torch.ones(1))[0], 0.5))
 
-        return net, SVI(normal_model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO(),
-                        compile=False)
+        return net, SVI(normal_model, guide, pt.optim.Adam(lr=0.1), Trace_ELBO(), compile=False)
 
     net, svi = make()
     svi.run(5, y, progress_bar=False)
@@ -525,8 +552,10 @@ def test_frozen_module_parameters_are_left_alone():
     result = svi.run(20, y, progress_bar=False)
     assert sorted(result.params) == ["net$$$weight"]
     assert torch.equal(net.bias, frozen) and not net.bias.requires_grad
-    with pytest.raises(TypeError, match="pt.module\\('net', ...\\) takes a torch.nn.Module "
-                                        "instance, got the class Linear"):
+    with pytest.raises(
+        TypeError,
+        match="pt.module\\('net', ...\\) takes a torch.nn.Module instance, got the class Linear",
+    ):
         pt.module("net", torch.nn.Linear)
     # frozen and unfrozen after set-up, as in Pyro: the fitted params change from the next
     # step (the weight kept training before)
@@ -573,8 +602,10 @@ def test_minibatches_given_by_a_data_loader():
     expected = dist.Normal(mu, 1.0).log_prob(y[idx]).sum() * 40 / 5
     torch.testing.assert_close(tr["y"].fn.log_prob(tr["y"].value).sum() * tr["y"].scale, expected)
     batches = torch.randperm(40, generator=torch.Generator().manual_seed(0)).reshape(8, 5)
-    compiled, eager = (SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=c, seed=1)
-                       for c in (True, False))
+    compiled, eager = (
+        SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=c, seed=1)
+        for c in (True, False)
+    )
     with count_compiles() as stats:
         for batch in batches:
             assert compiled.step(y, batch) == pytest.approx(eager.step(y, batch), rel=1e-12)
@@ -608,8 +639,11 @@ def test_nonfinite_loss_stops_the_run_with_the_last_finite_params():
     model, guide = _exploding(1.0)
     # SGD: loc 0 -> 1.5 after one step, where the model's factor is NaN.
     svi = SVI(model, guide, pt.optim.SGD(lr=0.3), Trace_ELBO(), compile=False)
-    with pytest.warns(RuntimeWarning, match=r"loss is not finite \(nan\) at step 1 .*kept from "
-                      r"step 0.*site 'cliff' of the model") as caught:
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"loss is not finite \(nan\) at step 1 .*kept from "
+        r"step 0.*site 'cliff' of the model",
+    ) as caught:
         result = svi.run(10, progress_bar=False)
     assert {w.filename for w in caught} == {__file__}  # the user's line, not probtorch's
     assert result.losses.shape == (1,)
@@ -636,16 +670,24 @@ def test_each_call_checks_its_data_not_only_the_first(compiled):
     # SVI.init checks the first call's data eagerly; the steps run with validation off
     # (compiled), so later data were not checked: Exponential's log density is finite at -1,
     # and a minibatch of negative values gave a finite loss and moved the params.
-    svi = SVI(_exponential_model, _gamma_guide, pt.optim.Adam(lr=0.05), Trace_ELBO(),
-              compile=compiled, seed=0)
+    svi = SVI(
+        _exponential_model,
+        _gamma_guide,
+        pt.optim.Adam(lr=0.05),
+        Trace_ELBO(),
+        compile=compiled,
+        seed=0,
+    )
     good, bad = torch.ones(4), torch.tensor([1.0, -1.0, 2.0, -3.0])
     with count_compiles() as stats:
         svi.step(good)
     assert stats.graph_breaks == 0 and stats.graphs == int(compiled)  # the check compiles
     before = svi.get_params()["shape"]
-    with pytest.raises(ObservationOutsideSupportError,
-                       match=r"at step 1 .*site 'y'.*support GreaterThanEq\(lower_bound=0.0\) "
-                             r"of Exponential.*invalid values \[-1.0, -3.0\].*not applied"):
+    with pytest.raises(
+        ObservationOutsideSupportError,
+        match=r"at step 1 .*site 'y'.*support GreaterThanEq\(lower_bound=0.0\) "
+        r"of Exponential.*invalid values \[-1.0, -3.0\].*not applied",
+    ):
         svi.step(bad)
     assert torch.equal(svi.get_params()["shape"], before)
     with pytest.raises(ObservationOutsideSupportError, match="evaluate_loss: .*site 'y'"):
@@ -671,9 +713,12 @@ def test_data_leaving_a_support_that_the_params_move_stops_the_run_keeping_its_l
         pass
 
     svi = SVI(model, guide, pt.optim.SGD(lr=0.1), Trace_ELBO(), compile=False)
-    with pytest.warns(RuntimeWarning, match=r"at step (\d+) .*site 'y'.*Interval\(lower_bound="
-                                            r"0.0, upper_bound=0.8.*invalid values \[0.9\].*kept "
-                                            r"from step"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"at step (\d+) .*site 'y'.*Interval\(lower_bound="
+        r"0.0, upper_bound=0.8.*invalid values \[0.9\].*kept "
+        r"from step",
+    ):
         result = svi.run(50, y, progress_bar=False)
     steps = len(result.losses)
     assert 0 < steps < 50 and torch.isfinite(result.losses).all()
@@ -992,3 +1037,26 @@ def test_data_of_another_shape_at_a_later_step_is_an_error_naming_the_site(compi
     for name, value in svi.get_params().items():
         assert torch.equal(value, before[name]), name
     svi.step(torch.randn(5))  # the first shape still steps
+
+
+def test_run_continues_from_its_params_with_simplex_and_cholesky_params():
+    """``svi.run(..., init_params=result.params)`` for params whose constrained shape is
+    not their unconstrained one (AutoDelta on a Dirichlet site, a lower-Cholesky param):
+    it was refused, comparing (3,) with the unconstrained (2,)."""
+    from probtorch.inference.autoguide import AutoDelta
+
+    y = torch.tensor([0, 1, 2, 2, 1, 0, 2, 2])
+
+    def model(y):
+        w = pt.sample("w", dist.Dirichlet(torch.ones(3)))
+        pt.param("L", torch.eye(2), constraint=constraints.lower_cholesky)
+        with pt.plate("n", len(y)):
+            pt.sample("y", dist.Categorical(w), obs=y)
+
+    svi = SVI(model, AutoDelta(model), pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=False)
+    first = svi.run(10, y, progress_bar=False)
+    again = svi.run(0, y, progress_bar=False, init_params=first.params)
+    for name, value in first.params.items():
+        torch.testing.assert_close(again.params[name], value)
+    with pytest.raises(ValueError, match=r"init_params\['L'\] has shape \(3,\), but the param "):
+        svi.run(1, y, progress_bar=False, init_params={"L": torch.ones(3)})

@@ -366,14 +366,40 @@ class ELBO:
     def loss(self, model: Callable, guide: Callable, *args, **kwargs) -> float:
         """An estimate of ``-ELBO`` (a float), with params from the active param store."""
         with torch.no_grad():
-            return float(self.differentiable_loss(model, guide, *args, **kwargs).detach())
+            return float(self._surrogate_and_loss(model, guide, args, kwargs)[1])
 
     def differentiable_loss(self, model: Callable, guide: Callable, *args, **kwargs):
         """A surrogate loss whose gradient (by autograd) estimates the gradient of ``-ELBO``.
 
         Its value is ``-ELBO`` for the reparameterized ELBOs; for ``TraceGraph_ELBO`` it also
-        holds the score-function and baseline terms.
+        holds the score-function and baseline terms (:meth:`loss` estimates ``-ELBO``).
         """
+        return self._surrogate_and_loss(model, guide, args, kwargs)[0]
+
+    def loss_and_grads(self, model: Callable, guide: Callable, *args, **kwargs) -> float:
+        """Pyro's: an estimate of ``-ELBO`` (a float), with the gradient of the surrogate
+        loss accumulated into the ``.grad`` of the params it reads (those of the active
+        param store, unconstrained, and of modules), for a training loop of your own.
+
+        Example::
+
+            >>> import torch, probtorch as pt, probtorch.distributions as dist
+            >>> def model():
+            ...     pt.sample("x", dist.Normal(0.0, 1.0), obs=torch.tensor(1.0))
+            >>> def guide():
+            ...     pt.param("unused", torch.tensor(0.0))
+            >>> store = pt.ParamStore()
+            >>> with pt.param_scope(store):
+            ...     loss = Trace_ELBO().loss_and_grads(model, guide)
+            >>> round(loss, 4)  # -log N(1; 0, 1)
+            1.4189
+        """
+        surrogate, loss = self._surrogate_and_loss(model, guide, args, kwargs)
+        if surrogate.requires_grad:
+            surrogate.backward()
+        return float(loss.detach())
+
+    def _surrogate_and_loss(self, model, guide, args, kwargs):
         plan = self.prepare(model, guide, args, kwargs)
         state = (
             self._eager_state
@@ -381,9 +407,9 @@ class ELBO:
             else (plan.initial_state)
         )
         with _Seeded():
-            surrogate, _, state = self.compute(model, guide, args, kwargs, plan, state)
+            surrogate, loss, state = self.compute(model, guide, args, kwargs, plan, state)
         self._eager_state = state
-        return surrogate
+        return surrogate, loss
 
     # -- machinery used by SVI ------------------------------------------------------------
     def _traces(self, model, guide, args, kwargs, plan, validate=False) -> tuple[Trace, Trace]:
@@ -526,6 +552,12 @@ class ELBO:
         self._check_reparam(guide_trace, guide_latents)
         guide_factors = [n for n, s in guide_trace.items() if s.type == "sample" and s.is_observed]
         for name in guide_factors:
+            if name in model_trace and model_trace[name].type == "sample":
+                raise ValueError(
+                    f"the guide observes site {name!r}, which is a site of the model too: "
+                    f"observations belong to the model (the guide's would be taken as part "
+                    f"of log q); remove it from the guide"
+                )
             if getattr(guide_trace[name].fn, "has_rsample", False) is not True:
                 raise ValueError(
                     f"the guide's factor (observed site) {name!r} is part of log q; "
@@ -1029,7 +1061,9 @@ class TraceGraph_ELBO(ELBO):
                 if key not in options:
                     continue
                 if key == "nn_baseline":
-                    value = options["nn_baseline"](options["nn_baseline_input"])
+                    # its input detached (as Pyro): fitting the baseline must not move
+                    # the guide's params that the input is computed from
+                    value = options["nn_baseline"](_detached(options["nn_baseline_input"]))
                 else:
                     value = options["baseline_value"]
                 value = torch.as_tensor(value)
@@ -1043,6 +1077,15 @@ class TraceGraph_ELBO(ELBO):
             surrogate_loss = surrogate_loss + baseline_loss
         # the surrogate's value differs from -ELBO only by terms with zero expectation
         return surrogate_loss, -elbo.mean(), new_state
+
+
+def _detached(value):
+    """A tensor, or each tensor of a tuple or list, detached."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, tuple | list):
+        return type(value)(_detached(v) for v in value)
+    return value
 
 
 def _jit_version(base: type) -> type:

@@ -1383,13 +1383,15 @@ class SVI:
         values = self._unpack(self._flat)
         for name, value in init_params.items():
             value = torch.as_tensor(value, dtype=values[name].dtype, device=layout.device)
-            shape = layout.shapes[layout.names.index(name)]
+            constraint = layout.constraints[name]
+            shape = layout.shapes[layout.names.index(name)]  # unconstrained
+            if constraint is not constraints.real:  # a simplex of 3 is 2 unconstrained
+                shape = biject_to(constraint)(torch.zeros(shape, dtype=value.dtype)).shape
             if value.shape != shape:
                 raise ValueError(
                     f"init_params[{name!r}] has shape {tuple(value.shape)}, but the param "
                     f"has shape {tuple(shape)}"
                 )
-            constraint = layout.constraints[name]
             if not bool(torch.all(constraint.check(value))):
                 raise ValueError(f"init_params[{name!r}] does not satisfy {constraint}")
             if constraint is not constraints.real:
