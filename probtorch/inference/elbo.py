@@ -900,7 +900,10 @@ class RenyiELBO(ELBO):
     """The Renyi alpha-divergence bound (Li & Turner 2016); ``alpha=0`` is the IWAE bound.
 
     ``loss = -1/(1-alpha) * log mean_k exp((1-alpha) * (log p(x, z_k) - log q(z_k)))`` over
-    ``num_particles`` draws ``z_k``. Larger ``num_particles`` gives a tighter bound;
+    ``num_particles`` draws ``z_k``. Where every site of the model and guide lies in the
+    same plates (a VAE's local latents), each element of those plates is weighted on its
+    own, ``sum_i log mean_k w_ik``, as in Pyro (and its subsampling scale multiplies the
+    sum). Larger ``num_particles`` gives a tighter bound;
     ``alpha=1`` would be the ELBO (use :class:`Trace_ELBO`). Guide sites must be
     reparameterizable.
 
@@ -930,14 +933,67 @@ class RenyiELBO(ELBO):
         return log_mean / (1.0 - self.alpha)
 
     def _from_traces(self, model_trace, guide_trace, plan, state):
+        pointwise = self._pointwise_elbo(model_trace, guide_trace, plan)
+        sequential = not self.vectorize_particles and self.num_particles > 1
+        if pointwise is not None:
+            elbo, scale = pointwise
+            if sequential:  # one particle's: combined with the others' below
+                return scale, -elbo, {}
+            if self._particle_dim(plan) is not None:
+                elbo = elbo.movedim(self._particle_dim(plan), 0)
+            else:
+                elbo = elbo.unsqueeze(0)
+            loss = -scale * self._bound(elbo).sum()
+            return loss, loss, {}
         elbo = self._elbo_particles(model_trace, guide_trace, plan)
         loss = -self._bound(elbo.reshape(-1))
         return loss, loss, {}
 
     def _combine_sequential(self, surrogates, losses, state):
+        if losses[0].dim() > 0:  # per element of the plates (see _pointwise_elbo)
+            loss = -surrogates[0] * self._bound(-torch.stack(losses)).sum()
+            return loss, loss, state
         # Sequential particles: each ``loss`` is -elbo of one particle (num_particles=1 bound).
         loss = -self._bound(-torch.stack(losses))
         return loss, loss, state
+
+    def _pointwise_elbo(self, model_trace, guide_trace, plan):
+        """Where every site lies in the same plates (a VAE's or IWAE's local latents), as
+        Pyro's: ``(log p - log q)`` per particle and per element of those plates (their dims
+        kept, each weighted on its own: ``sum_i log mean_k w_ik``, a tighter bound than
+        weighting whole traces), and the sites' common subsampling scale, applied outside
+        the log-mean; None where no plate holds every site, or the scales differ."""
+        sites = [model_trace[n] for n in plan.model_sites]
+        sites += [guide_trace[n] for n in plan.guide_latents + plan.guide_factors]
+        common = None
+        for site in sites:
+            frames = {(f.name, f.dim) for f in site.cond_indep_stack if f.dim is not None}
+            common = frames if common is None else common & frames
+        if not common:
+            return None
+        scales = set()
+        for site in sites:
+            scale = 1.0 if site.scale is None else site.scale
+            if isinstance(scale, torch.Tensor):
+                if scale.numel() != 1:
+                    return None
+                scale = float(scale)
+            scales.add(float(scale))
+        if len(scales) != 1:
+            return None
+        keep = {dim for _, dim in common}
+        pdim = self._particle_dim(plan)
+        if pdim is not None:
+            keep.add(pdim)
+        elbo = None
+        for i, site in enumerate(sites):
+            sign = 1.0 if i < len(plan.model_sites) else -1.0  # log p, then log q
+            term = sign * _sum_to(site_log_prob(site, apply_scale=False), keep)
+            elbo = term if elbo is None else elbo + term
+        # the same rank for every particle's (dims of size one up to the outermost kept)
+        width = -min(keep)
+        elbo = elbo.reshape((1,) * (width - elbo.dim()) + tuple(elbo.shape))
+        return elbo, scales.pop()
 
 
 class TraceGraph_ELBO(ELBO):
