@@ -48,6 +48,7 @@ from ..primitives import plate
 from ..runtime import Message, Messenger
 from ..validation import innermost, torch_validation
 from .enumeration import EnumerateSites, Factor, Variable, enumerable, sum_out
+from .provenance import Provenance, sources, tracking
 
 __all__ = ["ELBO", "Trace_ELBO", "TraceMeanField_ELBO", "TraceGraph_ELBO", "RenyiELBO"]
 
@@ -1001,9 +1002,10 @@ class TraceGraph_ELBO(ELBO):
 
     For each guide site without ``rsample`` (discrete sites, or ``fn.has_rsample_(False)``) the
     gradient estimate adds ``log q(z) * (downstream cost - baseline)``, where the downstream
-    cost holds only the terms of the sites at or after ``z`` (guide order, then the model's
-    sites after those) and, within a plate, only the same plate element (Rao-Blackwellization
-    over plates, as Pyro's TraceGraph_ELBO with its dense dependency graph). Baselines are set
+    cost holds only the terms of the sites whose log density is computed from ``z``
+    (Pyro's provenance tracking, by one tracked run of the guide and model; where ``z`` is
+    read into Python, as in ``if z > 0``, every site after it) and, within a plate, only
+    the same plate element (Rao-Blackwellization over plates). Baselines are set
     per guide site, as in Pyro::
 
         pt.sample("z", dist.Bernoulli(p), infer={"baseline": {
@@ -1032,6 +1034,12 @@ class TraceGraph_ELBO(ELBO):
 
     def _check_reparam(self, guide_trace, guide_latents):
         pass
+
+    def prepare(self, model: Callable, guide: Callable, args: tuple, kwargs: dict) -> ELBOPlan:
+        plan = super().prepare(model, guide, args, kwargs)
+        if plan.downstream:
+            _keep_dependent_costs(plan, model, guide, args, kwargs)
+        return plan
 
     def _extend_plan(self, plan, model_trace, guide_trace):
         model_order = {n: i for i, n in enumerate(plan.model_sites)}
@@ -1133,6 +1141,60 @@ class TraceGraph_ELBO(ELBO):
             surrogate_loss = surrogate_loss + baseline_loss
         # the surrogate's value differs from -ELBO only by terms with zero expectation
         return surrogate_loss, -elbo.mean(), new_state
+
+
+class _TrackDraws(Messenger):
+    """Draw the named latent sites as :class:`~.provenance.Provenance` tensors."""
+
+    def __init__(self, fn: Callable, names: set):
+        super().__init__(fn)
+        self.names = names
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type == "sample" and msg.name in self.names and msg.value is None:
+            value = msg.fn.sample(msg.kwargs.get("sample_shape", ()))
+            msg.value = Provenance(value, {msg.name})
+
+
+def _keep_dependent_costs(plan: ELBOPlan, model, guide, args: tuple, kwargs: dict) -> None:
+    """Pyro's provenance tracking for ``TraceGraph_ELBO``: narrow each non-reparameterized
+    site's downstream costs (``plan.downstream``, the dense graph: every site after it) to
+    the sites whose log density is computed from its draw, found by one run of the guide
+    and model with the draws tracked. The terms left out have zero expected product with
+    the site's score, so the gradient stays unbiased and its variance falls. A site whose
+    tracked value was read into Python (``bool(z > 0)``, ``z.item()``: control flow the
+    tracking cannot follow), or a run that fails, keeps the dense graph."""
+    tracked = set(plan.downstream)
+    try:
+        with torch_validation(False), torch.no_grad(), _Seeded(), tracking() as escaped:
+            guide_tracer = _Record()
+            guide_tracer.fn = _TrackDraws(guide, tracked)
+            guide_tracer(*args, **kwargs)
+            model_tracer = _Record()
+            model_tracer.fn = replay(model, trace=guide_tracer.trace)
+            model_tracer(*args, **kwargs)
+            found = [
+                {
+                    n: sources(site_log_prob(site))
+                    for n, site in tr.trace.items()
+                    if site.type == "sample"
+                }  # fmt: skip
+                for tr in (guide_tracer, model_tracer)
+            ]
+    except Exception:  # (a model the tracking cannot run: the dense graph is unbiased)
+        return
+    guide_sources, model_sources = found
+    everything = frozenset(tracked)  # what a site the run did not see may depend on
+    for name, (guide_nodes, children) in plan.downstream.items():
+        if name in escaped:
+            continue
+        kept_guide = tuple(
+            n
+            for n in guide_nodes
+            if name in guide_sources.get(n, everything) or name in model_sources.get(n, ())
+        )
+        kept_children = tuple(n for n in children if name in model_sources.get(n, everything))
+        plan.downstream[name] = (kept_guide, kept_children)
 
 
 def _detached(value):
