@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import torch
 
@@ -533,7 +534,14 @@ class Scheduler(Optimizer):
     ``steps_per_call - 1`` steps late.
     """
 
-    def __init__(self, scheduler_class: type, optimizer: Optimizer, **scheduler_kwargs):
+    def __init__(
+        self,
+        scheduler_class: type,
+        optimizer: Optimizer,
+        *,
+        stepped_by_user: bool = False,
+        **scheduler_kwargs,
+    ):
         if not isinstance(optimizer, Optimizer):
             raise TypeError(
                 f"scheduler needs a probtorch optimizer such as pt.optim.Adam(lr=...), "
@@ -557,6 +565,22 @@ class Scheduler(Optimizer):
         self._plateau = isinstance(
             self._torch_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
         )
+        # Pyro's wrappers (pt.optim.StepLR({...})): the schedule moves when the user calls
+        # step(), once per epoch say, not once per SVI step
+        self.stepped_by_user = stepped_by_user
+
+    def step(self, *args, **kwargs) -> None:
+        """Advance the schedule (Pyro's ``scheduler.step()``, ``step(loss)`` for
+        ``ReduceLROnPlateau``): for the schedules made by Pyro's names
+        (``pt.optim.ExponentialLR({...})``), which SVI does not advance by itself."""
+        if not self.stepped_by_user:
+            raise RuntimeError(
+                f"{self!r} is advanced by SVI, once per step; Pyro's form "
+                f"pt.optim.{self.scheduler_class.__name__}({{'optimizer': ..., "
+                f"'optim_args': ...}}) makes one that step() advances"
+            )
+        self._torch_optimizer.step()
+        self._torch_scheduler.step(*args, **kwargs)
 
     def __call__(self, params):
         """A torch scheduler (``scheduler_class``) over a new torch optimizer for ``params``;
@@ -575,7 +599,7 @@ class Scheduler(Optimizer):
         return self.optimizer.update(params, grad, state, lr)
 
     def learning_rates(self, num_steps: int) -> list[float]:
-        if self._plateau:
+        if self._plateau or self.stepped_by_user:
             return [self.lr] * num_steps
         lrs = []
         for _ in range(num_steps):
@@ -587,7 +611,7 @@ class Scheduler(Optimizer):
         return lrs
 
     def observe(self, losses) -> None:
-        if self._plateau:
+        if self._plateau and not self.stepped_by_user:
             for loss in losses:
                 self._torch_optimizer.step()
                 self._torch_scheduler.step(float(loss))
@@ -612,3 +636,61 @@ def scheduler(scheduler_class: type, optimizer: Optimizer, **scheduler_kwargs) -
         [1.0, 1.0, 0.5, 0.5, 0.25]
     """
     return Scheduler(scheduler_class, optimizer, **scheduler_kwargs)
+
+
+def _pyro_scheduler(scheduler_class: type) -> Callable:
+    """Pyro's ``pyro.optim.<Scheduler>(dict)`` for one ``torch.optim.lr_scheduler`` class."""
+    name = scheduler_class.__name__
+
+    def make(args: dict, clip_args: dict | None = None) -> Scheduler:
+        if not isinstance(args, dict) or "optimizer" not in args:
+            raise TypeError(
+                f"pt.optim.{name} takes Pyro's one dict: {{'optimizer': torch.optim.Adam, "
+                f"'optim_args': {{'lr': 0.01}}, <{name}'s arguments>}}; got {args!r}"
+            )
+        if clip_args:
+            raise ValueError(f"pt.optim.{name}: clip_args are not supported")
+        args = dict(args)
+        optimizer, optim_args = args.pop("optimizer"), args.pop("optim_args", {})
+        ours = globals().get(getattr(optimizer, "__name__", ""))
+        if isinstance(optimizer, Optimizer):
+            base = optimizer
+        elif isinstance(ours, type) and issubclass(ours, Optimizer):
+            base = ours(**optim_args)
+        else:
+            known = sorted(
+                n
+                for n, c in globals().items()
+                if isinstance(c, type) and issubclass(c, Optimizer) and c.__module__ == __name__
+                and c not in (Optimizer, Scheduler)
+            )  # fmt: skip
+            raise ValueError(
+                f"pt.optim.{name}: optimizer {optimizer!r} has no probtorch counterpart; "
+                f"give one of torch.optim's {known}"
+            )
+        return Scheduler(scheduler_class, base, stepped_by_user=True, **args)
+
+    make.__name__ = make.__qualname__ = name
+    make.__doc__ = (
+        f"Pyro's ``pyro.optim.{name}``: ``{name}({{'optimizer': torch.optim.SGD, "
+        f"'optim_args': {{'lr': 0.01}}, ...}})`` runs that optimizer with torch's ``{name}``; "
+        f"its ``step()`` advances the schedule (once per epoch in Pyro's examples), SVI does "
+        f"not. :func:`scheduler` makes one that SVI advances once per step."
+    )
+    return make
+
+
+# every torch schedule built from an optimizer alone (not the ones that chain schedules)
+_SCHEDULER_NAMES = sorted(
+    n
+    for n, c in vars(torch.optim.lr_scheduler).items()
+    if isinstance(c, type)
+    and issubclass(
+        c, torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
+    )
+    and not n.startswith("_")
+    and n not in ("LRScheduler", "SequentialLR", "ChainedScheduler")
+)
+for _name in _SCHEDULER_NAMES:
+    globals()[_name] = _pyro_scheduler(getattr(torch.optim.lr_scheduler, _name))
+__all__ += _SCHEDULER_NAMES

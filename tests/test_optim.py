@@ -171,3 +171,35 @@ def test_a_schedule_that_cycles_momentum_is_refused(scheduler_class, kwargs):
         torch_optimizer.step()
         torch_scheduler.step()
     assert fixed.learning_rates(6) == pytest.approx(expected, rel=1e-12)
+
+
+def test_pyro_scheduler_wrappers_step_when_the_user_steps_them():
+    """Pyro's ``pyro.optim.ExponentialLR({'optimizer': torch.optim.SGD, 'optim_args':
+    ..., 'gamma': ...})`` and its loop: ``svi.step`` per minibatch, ``scheduler.step()``
+    per epoch. The learning rate moves only at ``step()`` (a Delta guide's loc under SGD:
+    ``loc <- loc (1 - lr)``); ``pt.optim.scheduler``'s, which SVI advances, refuses
+    ``step()``; a dict without an optimizer is refused naming Pyro's form."""
+    from probtorch.inference import SVI, Trace_ELBO
+
+    def model():
+        pt.sample("z", dist.Normal(0.0, 1.0))
+
+    def guide():
+        pt.sample("z", dist.Delta(pt.param("loc", torch.tensor(1.0))))
+
+    sched = pt.optim.ExponentialLR(
+        {"optimizer": torch.optim.SGD, "optim_args": {"lr": 0.1}, "gamma": 0.5}
+    )
+    svi = SVI(model, guide, sched, Trace_ELBO(), compile=False)
+    for _ in range(2):
+        svi.step()
+    assert sched.lr == pytest.approx(0.1)
+    sched.step()
+    svi.step()
+    assert float(svi.get_params()["loc"]) == pytest.approx(0.9 * 0.9 * 0.95, rel=1e-6)
+    with pytest.raises(RuntimeError, match="advanced by SVI"):
+        pt.optim.scheduler(
+            torch.optim.lr_scheduler.StepLR, pt.optim.SGD(lr=0.1), step_size=2
+        ).step()
+    with pytest.raises(TypeError, match=r"pt.optim.StepLR takes Pyro's one dict"):
+        pt.optim.StepLR({"lr": 0.1})
