@@ -1060,3 +1060,28 @@ def test_run_continues_from_its_params_with_simplex_and_cholesky_params():
         torch.testing.assert_close(again.params[name], value)
     with pytest.raises(ValueError, match=r"init_params\['L'\] has shape \(3,\), but the param "):
         svi.run(1, y, progress_bar=False, init_params={"L": torch.ones(3)})
+
+
+def test_numpyro_style_run_calls_are_explained():
+    """NumPyro's ``svi.run(rng_key, num_steps, *args)``: an integer key ran 0 steps and
+    called the model with (num_steps, *args) ('takes 1 positional argument but 2 were
+    given'), an array key failed in int(); both now point to SVI(seed=).
+    ``get_params(svi_state)`` takes NumPyro's state argument."""
+    y = torch.randn(10, generator=torch.Generator().manual_seed(0))
+
+    def model(y):
+        mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        with pt.plate("n", 10):
+            pt.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    def guide(y):
+        pt.sample("mu", dist.Normal(pt.param("loc", torch.tensor(0.0)), 1.0))
+
+    svi = SVI(model, guide, pt.optim.Adam(lr=0.01), Trace_ELBO(), compile=False)
+    with pytest.raises(TypeError, match=r"looks like NumPyro's rng key.*SVI\(seed=\)"):
+        svi.run(0, 100, y, progress_bar=False)
+    with pytest.raises(TypeError, match=r"num_steps must be an integer, got ndarray.*seed="):
+        svi.run(np.array([0, 1], dtype=np.uint32), 100, y, progress_bar=False)
+    result = svi.run(torch.tensor(3), y, progress_bar=False)
+    assert result.losses.shape == (3,)
+    assert svi.get_params(object()).keys() == result.params.keys()

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import operator
 import os
 import time
 import warnings
@@ -59,6 +60,7 @@ import torch
 from torch.distributions import constraints
 
 from .._caller import warn_at_caller
+from .._errors import explaining_rng_key
 from ..distributions.constraint_registry import biject_to
 from ..handlers import _named_site_log_prob, replay, site_log_prob
 from ..optim import Optimizer
@@ -1280,7 +1282,21 @@ class SVI:
         shows the mean loss, and reads ``SVI (compiling)`` while the first call of the step
         compiles it.
         """
-        with inference_threads(), self._naming_the_site(args, kwargs):
+        try:
+            if isinstance(num_steps, bool):
+                raise TypeError
+            num_steps = operator.index(num_steps)
+        except TypeError:
+            raise TypeError(
+                f"SVI.run(num_steps, *args): num_steps must be an integer, got "
+                f"{type(num_steps).__name__}. NumPyro's svi.run(rng_key, num_steps, *args) "
+                f"takes a key first; here the seed goes to SVI(..., seed=...)"
+            ) from None
+        with (
+            inference_threads(),
+            self._naming_the_site(args, kwargs),
+            explaining_rng_key((num_steps, *args), "SVI.run(num_steps, *args)", "SVI(seed=)"),
+        ):
             return self._run(num_steps, args, progress_bar, init_params, kwargs)
 
     def _run(self, num_steps, args, progress_bar, init_params, kwargs) -> SVIRunResult:
@@ -1364,8 +1380,10 @@ class SVI:
         losses = torch.tensor(all_losses, dtype=self._layout.dtype)
         return SVIRunResult(self.get_params(), losses)
 
-    def get_params(self) -> dict[str, torch.Tensor]:
-        """The current constrained parameter values, by name (copies)."""
+    def get_params(self, state=None) -> dict[str, torch.Tensor]:
+        """The current constrained parameter values, by name (copies). ``state`` is taken
+        for NumPyro's ``get_params(svi_state)`` and not used: an SVI holds one state, its
+        current one."""
         if not self._initialized:
             return {}
         # the store holds the params after each step, and any edits made to it since
