@@ -904,7 +904,8 @@ class RenyiELBO(ELBO):
     ``num_particles`` draws ``z_k``. Where every site of the model and guide lies in the
     same plates (a VAE's local latents), each element of those plates is weighted on its
     own, ``sum_i log mean_k w_ik``, as in Pyro (and its subsampling scale multiplies the
-    sum). Larger ``num_particles`` gives a tighter bound;
+    sum; with a subsampled plate the particles must be vectorized, so that they share the
+    subsample). Larger ``num_particles`` gives a tighter bound;
     ``alpha=1`` would be the ELBO (use :class:`Trace_ELBO`). Guide sites must be
     reparameterizable.
 
@@ -968,8 +969,22 @@ class RenyiELBO(ELBO):
         sites += [guide_trace[n] for n in plan.guide_latents + plan.guide_factors]
         common = None
         for site in sites:
-            frames = {(f.name, f.dim) for f in site.cond_indep_stack if f.dim is not None}
+            frames = {f for f in site.cond_indep_stack if f.dim is not None}
+            frames = {(f.name, f.dim, f.size != f.subsample_size) for f in frames}
             common = frames if common is None else common & frames
+        sequential = not self.vectorize_particles and self.num_particles > 1
+        subsampled = sorted(
+            {f.name for site in sites for f in site.cond_indep_stack if f.size != f.subsample_size}
+        )
+        if sequential and subsampled:
+            raise ValueError(
+                f"RenyiELBO with vectorize_particles=False draws a new subsample of plate(s) "
+                f"{subsampled} for each particle, and weights of particles on other data do "
+                f"not make a bound; use vectorize_particles=True (all particles on one "
+                f"subsample) or the full data"
+            )
+        # (the particles' own plate is no data plate)
+        common = {(name, dim, sub) for name, dim, sub in common or () if name != _PARTICLES}
         if not common:
             return None
         scales = set()
@@ -982,7 +997,7 @@ class RenyiELBO(ELBO):
             scales.add(float(scale))
         if len(scales) != 1:
             return None
-        keep = {dim for _, dim in common}
+        keep = {dim for _, dim, _ in common}
         pdim = self._particle_dim(plan)
         if pdim is not None:
             keep.add(pdim)
@@ -1153,7 +1168,8 @@ class _TrackDraws(Messenger):
     def process_message(self, msg: Message) -> None:
         if msg.type == "sample" and msg.name in self.names and msg.value is None:
             value = msg.fn.sample(msg.kwargs.get("sample_shape", ()))
-            msg.value = Provenance(value, {msg.name})
+            # with the sites its distribution was computed from (a chain of discrete draws)
+            msg.value = Provenance(value, sources(value) | {msg.name})
 
 
 def _keep_dependent_costs(plan: ELBOPlan, model, guide, args: tuple, kwargs: dict) -> None:

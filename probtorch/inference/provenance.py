@@ -5,8 +5,10 @@ through every torch operation (``detach`` included: a detached value still depen
 draw statistically). ``TraceGraph_ELBO`` runs the guide and model once with its
 non-reparameterized draws tracked, so that a draw's score-function term counts only the
 costs computed from it (Pyro's provenance tracking). A tracked value read into Python
-(``bool``, ``item``, ``tolist``, ``numpy``...) may steer control flow that the tracking
-cannot see; :func:`tracking` notes it, and the caller then keeps every later cost.
+(``bool``, ``item``, ``tolist``, ``numpy``...), a shape computed from it (``nonzero``, a
+boolean mask) and a tracked value written into an untracked tensor (in place) may carry the
+dependence where the tracking cannot see it; :func:`tracking` notes them, and the caller
+then keeps every later cost.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ _ESCAPES = frozenset(
         "allclose",
         "is_nonzero",
     }
+)
+# Functions whose result's shape depends on the values (a later len() or .shape reads them)
+_VALUE_SHAPED = frozenset(
+    {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"}
 )
 _ESCAPED: list[set] = []  # one set per active tracking(): names read into Python
 
@@ -63,11 +69,32 @@ class Provenance(torch.Tensor):
         names = frozenset().union(*(sources(a) for a in flat if isinstance(a, torch.Tensor)))
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
-        if names and getattr(func, "__name__", "") in _ESCAPES and _ESCAPED:
+        if names and _ESCAPED and _escapes(func, args, kwargs):
             _ESCAPED[-1].update(names)
         if not names:
             return out
         return tree_map(lambda t: _tag(t, names), out)
+
+
+def _escapes(func, args: tuple, kwargs: dict) -> bool:
+    """Whether a call on tracked values loses track of them: a Python value read from
+    them, a shape that depends on them, or a write into an untracked tensor (in place,
+    ``out=``, ``t[i] = z``), which later reads of that tensor would not carry."""
+    name = getattr(func, "__name__", "")
+    if name in _ESCAPES or name in _VALUE_SHAPED:
+        return True
+    if name == "__getitem__" and len(args) > 1:
+        index, _ = tree_flatten(args[1])
+        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index):
+            return True  # a boolean mask: its count of True sets the shape
+    written = kwargs.get("out")
+    if written is None and args and (name == "__setitem__" or _in_place(name)):
+        written = args[0]
+    return written is not None and not isinstance(written, Provenance)
+
+
+def _in_place(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("_") and name != "requires_grad_"
 
 
 def _tag(value, names: frozenset):
