@@ -1188,6 +1188,29 @@ def test_infer_discrete_errors_and_a_model_without_discrete_sites():
     with pytest.raises(pt.RandomnessError, match=r"infer_discrete\(temperature=1\).*\['z'\]"):
         infer_discrete(fixed)(y)
 
+    # (review helper-59) a continuous site drawn given a discrete site's placeholder, and
+    # handlers outside that the reading pass would not see, are refused; subsampling too
+    def downstream(y):
+        z = pt.sample("z", dist.Bernoulli(0.5))
+        mu = pt.sample("mu", dist.Normal(10.0 * z, 1.0))
+        pt.sample("y", dist.Normal(mu, 10.0), obs=y[0])
+
+    with pytest.raises(ValueError, match=r"'mu' is drawn .* depends on the discrete .*\['z'\]"):
+        pt.handlers.seed(infer_discrete(downstream), rng_seed=0)(y)
+    outer = pt.handlers.condition(infer_discrete(mixture), data={"p": torch.tensor(0.5)})
+    with pytest.raises(ValueError, match=r"runs inside \['condition'\].*put them inside"):
+        pt.handlers.seed(outer, rng_seed=0)(y)
+
+    def subsampled(y):
+        with pt.plate("data", len(y), subsample_size=2) as idx:
+            z = pt.sample("z", dist.Bernoulli(0.5))
+            pt.sample("y", dist.Normal(z, 1.0), obs=y[idx])
+
+    with pytest.raises(
+        ValueError, match="infer_discrete sums the discrete sites out over the full"
+    ):
+        pt.handlers.seed(infer_discrete(subsampled), rng_seed=0)(y)
+
     def continuous(y):
         return pt.sample("m", dist.Normal(0.0, 1.0), obs=y[0])
 

@@ -2089,3 +2089,21 @@ def test_to_inference_data_groups_dims_and_coords_as_from_numpyro():
                     only_warmup.diagnostics):  # fmt: skip
         with pytest.raises(RuntimeError, match="kept no draws"):
             summary()
+
+
+def test_a_deterministic_broadcast_along_a_plate_keeps_its_plate_dims():
+    """A (4, 1) deterministic inside plates groups (4, dim -2) and items (3, dim -1) is
+    broadcast along items: its first dim is named groups, as a sample site of that shape
+    (it was read as two event dims: no plate name)."""
+    from probtorch.inference.mcmc.diagnostics import site_dims
+
+    def model():
+        with pt.plate("groups", 4, dim=-2):
+            g = pt.sample("g", dist.Normal(0.0, 1.0))
+            with pt.plate("items", 3, dim=-1):
+                pt.deterministic("d", g * 2.0)
+                pt.sample("y", dist.Normal(g, 1.0), obs=torch.zeros(4, 3))
+
+    tr = pt.handlers.trace(pt.handlers.seed(model, rng_seed=0)).get_trace()
+    assert site_dims(tr["g"]) == ["groups", "g_dim_1"]
+    assert site_dims(tr["d"]) == ["groups", "d_dim_1"]

@@ -14,10 +14,11 @@ from collections.abc import Callable
 
 import torch
 
-from ..handlers import block, substitute, trace
+from ..handlers import block, condition, do, replay, substitute, trace
 from ..primitives import RandomnessError
-from ..runtime import Message, get_stack
+from ..runtime import Message, Messenger, get_stack
 from .potential import Potential
+from .provenance import Provenance, sources, tracking
 
 __all__ = ["infer_discrete"]
 
@@ -29,11 +30,57 @@ def _is_discrete_latent(msg: Message) -> bool:
 
 
 def _first_value(msg: Message) -> torch.Tensor | None:
-    """A placeholder value for a discrete latent site in the pass that reads the others."""
+    """A placeholder value for a discrete latent site in the pass that reads the others,
+    tracked (:class:`~.provenance.Provenance`): what is computed from it is found."""
     if msg.value is not None or not _is_discrete_latent(msg):
         return None
     support = msg.fn.enumerate_support(expand=True)
-    return support[0].expand(msg.fn.batch_shape + msg.fn.event_shape)
+    return Provenance(support[0].expand(msg.fn.batch_shape + msg.fn.event_shape), {msg.name})
+
+
+class _NoteDrawn(Messenger):
+    """Note the latent sites that no handler inside the model gave a value (drawn)."""
+
+    def __init__(self, fn: Callable):
+        super().__init__(fn)
+        self.drawn: set[str] = set()
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type == "sample" and not msg.is_observed and msg.value is None:
+            self.drawn.add(msg.name)
+
+
+# Handlers outside infer_discrete that give sites values: its reading pass does not see them
+_VALUE_HANDLERS = (condition, substitute, replay, do)
+
+
+def _check_outer_handlers() -> None:
+    outer = sorted({type(h).__name__ for h in get_stack() if isinstance(h, _VALUE_HANDLERS)})
+    if outer:
+        raise ValueError(
+            f"infer_discrete runs inside {outer}: its reading pass does not see handlers "
+            f"outside it, so the discrete sites would be drawn given other values than the "
+            f"run shows; put them inside, infer_discrete({outer[0]}(model, ...)) (for MCMC "
+            f"draws, Predictive(model, samples, infer_discrete=True))"
+        )
+
+
+def _check_drawn(values, drawn: set, escaped: set) -> None:
+    """A continuous site drawn in the reading pass from a distribution computed from a
+    discrete site's placeholder would be a draw given that placeholder, not given the
+    discrete site's posterior: refused (give it a value inside the model)."""
+    for name in values:
+        site = values[name]
+        if name not in drawn or _is_discrete_latent(site):
+            continue
+        parents = sorted(sources(site.value) | escaped)
+        if parents:
+            raise ValueError(
+                f"infer_discrete: continuous latent site {name!r} is drawn from its "
+                f"distribution, which depends on the discrete site(s) {parents}; give it a "
+                f"value inside the model (pt.handlers.replay(model, trace=guide_trace), "
+                f"condition), as Pyro's infer_discrete expects"
+            )
 
 
 def _seeded() -> bool:
@@ -46,9 +93,13 @@ def _sample_posterior(
     # One pass hidden from the handlers outside (an outer trace sees only the final run):
     # the values of the continuous latent sites (replayed, conditioned or drawn inside
     # ``fn``), with the discrete ones at a placeholder; then their conditional draw.
+    _check_outer_handlers()
     with block(hide_fn=lambda msg: msg.type != "param"):
-        placeholders = substitute(fn, substitute_fn=_first_value)
-        values = trace(placeholders).get_trace(*args, **kwargs)
+        noted = _NoteDrawn(fn)
+        placeholders = substitute(noted, substitute_fn=_first_value)
+        with torch.no_grad(), tracking() as escaped:
+            values = trace(placeholders).get_trace(*args, **kwargs)
+        _check_drawn(values, noted.drawn, escaped)
         if not any(_is_discrete_latent(site) for site in values.values()):
             if strict_enumeration_warning:
                 warnings.warn(
@@ -56,7 +107,14 @@ def _sample_posterior(
                     stacklevel=3,
                 )
             return fn(*args, **kwargs)
-        potential = Potential(fn, args, kwargs, compile=False)
+        try:
+            potential = Potential(fn, args, kwargs, compile=False)
+        except ValueError as error:
+            if "subsample" not in str(error):
+                raise
+            raise ValueError(
+                f"infer_discrete sums the discrete sites out over the full data: {error}"
+            ) from error
         if temperature == 1 and not _seeded():
             names = sorted(potential.enumerated)
             raise RandomnessError(
@@ -92,6 +150,9 @@ def infer_discrete(
     ``pt.handlers.seed`` around) or at their most probable joint value
     (``temperature=0``) and the continuous ones at the values read. An outer ``trace``
     records that last run: the discrete sites are latent sites holding the values drawn.
+    A continuous site drawn in ``fn`` from a distribution computed from a discrete site,
+    handlers that give values from outside (``condition(infer_discrete(model))``: put them
+    inside) and a subsampled plate are refused, naming them.
     ``first_available_dim`` is accepted for Pyro's code and not needed: the
     enumeration dims are chosen left of the model's plates. To draw the discrete sites
     for every draw of an MCMC run, use ``Predictive(model, samples, infer_discrete=True)``.

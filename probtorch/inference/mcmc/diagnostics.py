@@ -125,10 +125,10 @@ def summary_table(samples: dict[str, torch.Tensor], prob: float = 0.9) -> str:
 
 def _plates_fit(shape: tuple, event_dim: int, plates: dict) -> bool:
     """Whether every plate that reaches into the batch dims of ``shape`` spans one of its
-    size there."""
+    size there (or of size 1: a value broadcast along it)."""
     batch_ndim = len(shape) - event_dim
     return all(
-        shape[batch_ndim + dim] == frame.subsample_size
+        shape[batch_ndim + dim] in (1, frame.subsample_size)
         for dim, frame in plates.items()
         if -dim <= batch_ndim
     )
