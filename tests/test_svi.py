@@ -1082,6 +1082,8 @@ def test_numpyro_style_run_calls_are_explained():
         svi.run(0, 100, y, progress_bar=False)
     with pytest.raises(TypeError, match=r"num_steps must be an integer, got ndarray.*seed="):
         svi.run(np.array([0, 1], dtype=np.uint32), 100, y, progress_bar=False)
+    with pytest.raises(TypeError, match=r"looks like NumPyro's rng key: probtorch's SVI.init"):
+        svi.init(0, y)
     result = svi.run(torch.tensor(3), y, progress_bar=False)
     assert result.losses.shape == (3,)
     assert svi.get_params(object()).keys() == result.params.keys()

@@ -668,7 +668,12 @@ class SVI:
         """
         called: list = []
         written: list = []
-        with self._rng(), param_scope(self.param_store), _module_calls(called, written):
+        with (
+            self._rng(),
+            param_scope(self.param_store),
+            _module_calls(called, written),
+            explaining_rng_key(args, "SVI.init(*args)", "SVI(seed=)"),
+        ):
             self._plan = self.loss.prepare(self.model, self.guide, args, kwargs)
         # eager steps may run other sites each (a loop over a subsampled plate's rows)
         self._plan.sites_may_change = not self.compiled
