@@ -580,6 +580,10 @@ def test_hurdle_gate_takes_the_base_dtype_and_device():
         lambda: dist.TruncatedDistribution(dist.StudentT(3.0), 0.0, 2.0),
         lambda: dist.Censored(dist.Poisson(3.0), low=1.0, high=5.0),
         lambda: dist.LeftCensoredDistribution(dist.Beta(2.0, 2.0)),
+        # a transformed distribution through a transform without a sign (AbsTransform)
+        lambda: dist.TruncatedDistribution(
+            dist.FoldedDistribution(dist.Normal(0.0, 1.0)), 0.0, 1.0
+        ),
     ],
 )
 def test_truncation_and_censoring_need_the_base_cdf(make):

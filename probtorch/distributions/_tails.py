@@ -344,6 +344,21 @@ def base_of(name: str, family: type, *args, **kwargs) -> Distribution:
         raise ValueError(f"{name}: {error}") from error
 
 
+def _has_cdf(d: Distribution) -> bool:
+    """Whether torch computes ``d.cdf``: a family that defines it, or a transformed
+    distribution of one through monotone transforms with a known sign (``AbsTransform``,
+    of ``FoldedDistribution``, has none)."""
+    cdf = type(d).cdf
+    if cdf is torch.distributions.TransformedDistribution.cdf:  # (HalfCauchy has its own)
+        for transform in d.transforms:
+            try:
+                _ = transform.sign
+            except NotImplementedError:
+                return False
+        return _lookup(d.base_dist) is not None or _has_cdf(d.base_dist)
+    return cdf is not Distribution.cdf
+
+
 def check_univariate_base(d: Distribution, name: str, continuous: bool = False) -> None:
     """A base that ``name`` (a truncation or censoring) can use: univariate, continuous if
     asked, with a ``cdf`` (its log densities need one; torch's ``StudentT``, ``Beta``,
@@ -356,7 +371,7 @@ def check_univariate_base(d: Distribution, name: str, continuous: bool = False) 
         )
     if continuous and d.support.is_discrete:
         raise ValueError(f"{name} needs a continuous base, got {type(d).__name__}")
-    if _lookup(d) is None and type(d).cdf is Distribution.cdf:
+    if _lookup(d) is None and not _has_cdf(d):
         raise NotImplementedError(
             f"{name} needs the cdf of its base, and {type(d).__name__} has none in torch "
             f"(families with one: Normal, LogNormal, HalfNormal, Exponential, Laplace, "
