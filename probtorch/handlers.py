@@ -935,6 +935,13 @@ class reparam(Messenger):
             reparameterizer = self.config(msg)
         if reparameterizer is None:
             return
+        sample_shape = tuple(msg.kwargs.get("sample_shape", ()))
+        if sample_shape:  # (Pyro's and NumPyro's reparameterizers drop it silently)
+            raise ValueError(
+                f"reparam: site {msg.name!r} has sample_shape {sample_shape}, which a "
+                f"reparameterizer would drop; expand its distribution instead "
+                f"(fn.expand({list(sample_shape)} + batch_shape), in a plate)"
+            )
         new_fn, value = reparameterizer(msg.name, msg.fn, msg.value if msg.is_observed else None)
         if value is not None:
             if new_fn is None:
@@ -945,5 +952,8 @@ class reparam(Messenger):
                 msg.is_observed = False
                 msg.default = None
                 return
+            # (as Pyro's and NumPyro's: a value with a distribution, typically a Delta
+            # whose log_density holds the Jacobian, is an observed factor)
             msg.value = value
+            msg.is_observed = True
         msg.fn = new_fn

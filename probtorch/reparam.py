@@ -94,7 +94,7 @@ class LocScaleReparam(Reparam):
         if centered is None:
             centered = param(
                 f"{name}_centered",
-                lambda: torch.full(event_shape, 0.5, dtype=fn.loc.dtype),
+                lambda: fn.loc.new_full(event_shape, 0.5),  # (its dtype and device)
                 constraint=constraints.unit_interval,
             )
         shape_params = self.shape_params

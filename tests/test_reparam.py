@@ -332,3 +332,40 @@ def test_reparam_errors():
         seed(reparam(gamma, config={"g": LocScaleReparam(0.0)}), rng_seed=0)()
     with pytest.raises(ValueError, match="'g'.*Gamma, not a TransformedDistribution"):
         seed(reparam(gamma, config={"g": TransformReparam()}), rng_seed=0)()
+
+
+def test_a_reparameterizer_returning_a_distribution_and_a_value_makes_an_observed_factor(
+    float64,
+):
+    """A user's Reparam returning ``(Delta(v, log_density=...), v)`` (how Pyro's and
+    NumPyro's reparameterizers write a Jacobian term): the site is an observed factor, as
+    there (it stayed latent, and the potential refused a latent Delta). x = |u| with
+    u ~ N(0, 2) is HalfNormal(2): the potential of u is -log N(u; 0, 2)."""
+    from probtorch.inference import Potential
+    from probtorch.reparam import Reparam
+
+    class Folded(Reparam):
+        def __call__(self, name, fn, obs):
+            u = pt.sample(f"{name}_u", dist.Normal(0.0, fn.scale))
+            return dist.Delta(u.abs(), log_density=torch.zeros(())), u.abs()
+
+    model = reparam(lambda: pt.sample("x", dist.HalfNormal(2.0)), config={"x": Folded()})
+    tr = trace(seed(model, rng_seed=0)).get_trace()
+    assert tr["x"].is_observed and float(tr["x"].value) == abs(float(tr["x_u"].value))
+    potential = Potential(model, compile=False)
+    u = torch.tensor([[-1.5], [0.7]])
+    expected = -stats.norm(0.0, 2.0).logpdf(u.numpy()[:, 0])
+    np.testing.assert_allclose(potential(u).detach().numpy(), expected, rtol=1e-10)
+
+
+def test_reparam_refuses_a_site_with_a_sample_shape():
+    """A reparameterizer draws its auxiliary site without the site's sample_shape (in
+    Pyro and NumPyro too): x of shape (3,) silently became a scalar; refused by name."""
+
+    def model():
+        s = pt.sample("s", dist.HalfNormal(1.0))
+        pt.sample("x", dist.Normal(0.0, s), sample_shape=(3,))
+
+    reparameterized = reparam(model, config={"x": LocScaleReparam(0.0)})
+    with pytest.raises(ValueError, match=r"site 'x' has sample_shape \(3,\)"):
+        trace(seed(reparameterized, rng_seed=0)).get_trace()
