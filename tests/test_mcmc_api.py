@@ -1860,6 +1860,14 @@ def test_mcmc_reads_the_params_an_svi_fitted_in_the_model():
     mu = mcmc.get_samples(group_by_chain=True)["mu"].numpy()[..., None]
     expected = stats.norm(mu, s).logpdf(y.numpy())
     np.testing.assert_allclose(log_lik, expected, rtol=1e-4)
+    # a potential built by the user reads them too (helper-60: it read the initial value)
+    from probtorch.inference import initialize_model
+
+    potential, _ = initialize_model(model, (y,), compile=False)
+    mu = torch.tensor([[2.5]])
+    expected = -(stats.norm(0.0, 10.0).logpdf(2.5) + stats.norm(2.5, s).logpdf(y.numpy()).sum())
+    np.testing.assert_allclose(float(potential(mu).detach()), expected, rtol=1e-5)
+    assert "s" not in pt.get_param_store()
     store = pt.ParamStore()
     with pt.param_scope(store):
         chosen = MCMC(NUTS(model, compile=False), num_warmup=100, num_samples=100,

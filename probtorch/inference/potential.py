@@ -14,6 +14,7 @@ compilation is switched off (``compile=False`` or ``PROBTORCH_COMPILE=0``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from torch.distributions import constraints
 from .._caller import warn_at_caller
 from .._errors import with_message
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
+from ..params import fitted_store_of, param_scope, store_chosen
 from ..runtime import Message, Messenger
 from ..validation import (
     InvalidParameterError,
@@ -320,6 +322,21 @@ def _outside_autograd(fn: Callable) -> Callable:
     return outside
 
 
+def _in_fitted_store(model: Callable) -> Callable:
+    """``model``, run in the param store of the SVI that fitted it where one did and the
+    caller chose no store (the store is looked up now, when the potential is built)."""
+    store = None if store_chosen() else fitted_store_of(model)
+    if store is None:
+        return model
+
+    @functools.wraps(model)
+    def in_store(*args, **kwargs):
+        with param_scope(store):
+            return model(*args, **kwargs)
+
+    return in_store
+
+
 def _seeds(rng_seed: int, count: int) -> list[int]:
     """``rng_seed`` followed by ``count - 1`` seeds derived from it."""
     generator = torch.Generator().manual_seed(rng_seed)
@@ -416,7 +433,9 @@ class Potential:
         compile: bool | None = None,
         rng_seed: int = 0,
     ):
-        self.model = model
+        # a model whose pt.param sites an SVI fitted reads them there (as MCMC does; Pyro's
+        # one store holds them), unless the caller chose a store
+        self.model = model = _in_fitted_store(model)
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self.compiled = compile_enabled(compile)
@@ -1068,7 +1087,7 @@ def initialize_model(
         for attempt in range(max_tries):
             try:
                 tr = _run_traced(
-                    model,
+                    potential.model,  # (in the fitted SVI's store, where one applies)
                     potential.model_args,
                     potential.model_kwargs,
                     seeds[chain][attempt],
