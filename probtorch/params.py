@@ -356,8 +356,20 @@ def fitted_scope(fn: Callable | None):
         ...     active_store() is get_param_store()
         True
     """
-    store = None if fn is None or store_chosen() else fitted_store_of(fn)
+    store = store_to_read(fn)
     return contextlib.nullcontext() if store is None else param_scope(store)
+
+
+def store_to_read(fn: Callable | None) -> ParamStore | None:
+    """The store of the SVI that last fitted ``fn``, unless the caller chose a store (then
+    None: the active one is read) or no SVI fitted it.
+
+    Example::
+
+        >>> store_to_read(lambda: None) is None
+        True
+    """
+    return None if fn is None or store_chosen() else fitted_store_of(fn)
 
 
 def fitted_store_of(fn: Callable) -> ParamStore | None:

@@ -20,7 +20,7 @@ from torch.distributions import constraints
 from .handlers import _as_site_value, equal_indices, scale
 from .params import get_param_store
 from .runtime import CondIndepStackFrame, Message, Messenger, apply_stack, get_stack
-from .validation import num_event_dims, readable
+from .validation import innermost, num_event_dims, readable
 
 __all__ = ["sample", "param", "plate", "markov", "deterministic", "factor", "module", "subsample"]
 
@@ -42,11 +42,7 @@ def _is_point_mass(fn) -> bool:
     """Whether ``fn`` is a ``Delta`` (through ``to_event``, ``mask`` and ``expand``): its
     draw takes no random numbers (an ``AutoDelta`` guide runs without a seed, as in
     Pyro)."""
-    wrappers = (torch.distributions.Independent, pyro_dist.MaskedDistribution,
-                pyro_dist.ExpandedDistribution)  # fmt: skip
-    while isinstance(fn, wrappers):
-        fn = fn.base_dist
-    return isinstance(fn, pyro_dist.Delta)
+    return isinstance(innermost(fn), pyro_dist.Delta)
 
 
 def _sample_default(msg: Message) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 from ..handlers import block, condition, do, replay, substitute, trace
 from ..primitives import RandomnessError
 from ..runtime import Message, Messenger, get_stack
+from .enumeration import enumerable
 from .potential import Potential
 from .provenance import Provenance, sources, tracking
 
@@ -24,9 +25,8 @@ __all__ = ["infer_discrete"]
 
 
 def _is_discrete_latent(msg: Message) -> bool:
-    """A latent sample site with a finite support (one that NUTS sums out)."""
-    latent = msg.type == "sample" and not msg.is_observed
-    return latent and getattr(msg.fn, "has_enumerate_support", False)
+    """A latent sample site that NUTS sums out (a finite support)."""
+    return msg.type == "sample" and not msg.is_observed and enumerable(msg)
 
 
 def _first_value(msg: Message) -> torch.Tensor | None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import pyro.distributions as pyro_dist
 import torch
 from torch.distributions import constraints, kl_divergence
+from torch.utils._pytree import tree_map_only
 
 from ..handlers import Trace, distribution_log_prob, replay, site_log_prob, trace
 from ..primitives import plate
@@ -1142,7 +1143,10 @@ class TraceGraph_ELBO(ELBO):
                 if key == "nn_baseline":
                     # its input detached (as Pyro): fitting the baseline must not move
                     # the guide's params that the input is computed from
-                    value = options["nn_baseline"](_detached(options["nn_baseline_input"]))
+                    detached = tree_map_only(
+                        torch.Tensor, torch.Tensor.detach, options["nn_baseline_input"]
+                    )
+                    value = options["nn_baseline"](detached)
                 else:
                     value = options["baseline_value"]
                 value = torch.as_tensor(value)
@@ -1211,15 +1215,6 @@ def _keep_dependent_costs(plan: ELBOPlan, model, guide, args: tuple, kwargs: dic
         )
         kept_children = tuple(n for n in children if name in model_sources.get(n, everything))
         plan.downstream[name] = (kept_guide, kept_children)
-
-
-def _detached(value):
-    """A tensor, or each tensor of a tuple or list, detached."""
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, tuple | list):
-        return type(value)(_detached(v) for v in value)
-    return value
 
 
 def _jit_version(base: type) -> type:

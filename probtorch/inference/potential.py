@@ -26,7 +26,7 @@ from torch.distributions import constraints
 from .._caller import warn_at_caller
 from .._errors import with_message
 from ..handlers import Trace, seed, site_log_prob, substitute, trace
-from ..params import fitted_store_of, param_scope, store_chosen
+from ..params import param_scope, store_to_read
 from ..runtime import Message, Messenger
 from ..validation import (
     InvalidParameterError,
@@ -325,7 +325,7 @@ def _outside_autograd(fn: Callable) -> Callable:
 def _in_fitted_store(model: Callable) -> Callable:
     """``model``, run in the param store of the SVI that fitted it where one did and the
     caller chose no store (the store is looked up now, when the potential is built)."""
-    store = None if store_chosen() else fitted_store_of(model)
+    store = store_to_read(model)
     if store is None:
         return model
 
