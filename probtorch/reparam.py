@@ -7,13 +7,17 @@ auxiliary sites and return the value of the original site computed from them
 
 from __future__ import annotations
 
+import functools
+
+import pyro.distributions as pyro_dist
 import torch
 from torch.distributions import Independent, TransformedDistribution, constraints
 
+from . import handlers
 from ._errors import with_message
 from .primitives import param, sample
 
-__all__ = ["Reparam", "LocScaleReparam", "TransformReparam"]
+__all__ = ["Reparam", "LocScaleReparam", "TransformReparam", "NeuTraReparam"]
 
 
 class Reparam:
@@ -155,3 +159,147 @@ class TransformReparam(Reparam):
         for t in fn.transforms:
             x = t(x)
         return None, x
+
+
+class NeuTraReparam(Reparam):
+    """Neural transport: run a model on the noise of a fitted autoguide (Hoffman et al. 2019).
+
+    A guide fitted by SVI (``AutoIAFNormal``, ``AutoMultivariateNormal``, any
+    :class:`~probtorch.inference.autoguide.AutoContinuous`) is a map ``T`` of standard
+    normal noise ``z`` to the model's latent vector. :meth:`reparam` rewrites the model
+    to draw ``z`` at the one site ``f"{prefix}_shared_latent"`` and compute every latent
+    site from ``T(z)``; the density is the model's, times ``|det dT/dz|``. Where the guide
+    fits the posterior well, NUTS sees a near-standard Normal in ``z`` instead of the
+    model's funnels and correlations.
+
+    The original sites stay in the run as deterministic sites (as NumPyro's), so MCMC's
+    samples hold them. Their log densities and the Jacobians are ``pt.factor`` sites
+    (``f"_{name}_log_prob"``, in the site's plates, and
+    ``f"_{prefix}_shared_latent_log_det"``) that ``to_inference_data`` does not count in
+    the log likelihood.
+
+    Args:
+        guide: an ``AutoContinuous`` guide, set up (fitted).
+        params: the guide's params (SVI's ``result.params``); None reads the fitted ones.
+
+    Example::
+
+        >>> import torch, probtorch as pt, probtorch.distributions as dist
+        >>> from probtorch.inference import SVI, Trace_ELBO, MCMC, NUTS
+        >>> from probtorch.inference.autoguide import AutoMultivariateNormal
+        >>> def model():
+        ...     s = pt.sample("s", dist.HalfNormal(1.0))
+        ...     pt.sample("x", dist.Normal(0.0, s))
+        >>> guide = AutoMultivariateNormal(model)
+        >>> result = SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), seed=0).run(
+        ...     200, progress_bar=False)
+        >>> neutra = NeuTraReparam(guide, result.params)
+        >>> mcmc = MCMC(NUTS(neutra.reparam(model), compile=False), num_warmup=100,
+        ...             num_samples=100, progress_bar=False, seed=0)
+        >>> mcmc.run()
+        >>> sorted(mcmc.get_samples())
+        ['auto_shared_latent', 's', 'x']
+        >>> bool((neutra.transform_sample(mcmc.get_samples()["auto_shared_latent"])["s"]
+        ...       == mcmc.get_samples()["s"]).all())
+        True
+    """
+
+    def __init__(self, guide, params: dict | None = None):
+        from .inference.autoguide import AutoContinuous
+
+        if not isinstance(guide, AutoContinuous):
+            raise TypeError(
+                f"NeuTraReparam needs an AutoContinuous guide (AutoIAFNormal, "
+                f"AutoMultivariateNormal, AutoDiagonalNormal, ...): a map of one latent "
+                f"vector; got {type(guide).__name__}"
+            )
+        guide._require_prototype("NeuTraReparam")
+        self.guide = guide
+        self.params = params
+        try:
+            self.transform = guide.get_transform(params)
+        except NotImplementedError as error:
+            raise ValueError(f"NeuTraReparam: {error}") from error
+        self.base_dist = guide.get_base_dist()
+
+    @property
+    def latent_name(self) -> str:
+        """The name of the site of the standard normal noise."""
+        return f"{self.guide.prefix}_shared_latent"
+
+    def reparam(self, fn=None):
+        """``fn`` run on the guide's noise (see the class); without ``fn``, a decorator."""
+        if fn is None:
+            return self.reparam
+
+        @functools.wraps(fn)
+        def neutra_model(*args, **kwargs):
+            z = sample(self.latent_name, self.base_dist.mask(False))
+            x = self.transform(z)
+            _prior_factor(f"_{self.latent_name}_log_det", self.transform.log_abs_det_jacobian(z, x))
+            sites = _NeuTraSites(self.guide, self.guide.unpack(x))
+            result = handlers.reparam(fn, config=sites.config)(*args, **kwargs)
+            if sites.unconstrained:
+                raise ValueError(
+                    f"NeuTraReparam: the guide's latent sites {sorted(sites.unconstrained)} "
+                    f"did not occur in this run of the model; the guide was set up on a "
+                    f"model whose latent sites were {list(self.guide.latents)}"
+                )
+            return result
+
+        return neutra_model
+
+    def __call__(self, name, fn, obs):
+        raise TypeError(
+            "NeuTraReparam draws all sites from one shared latent: wrap the whole model with "
+            "neutra.reparam(model), not site by site in a reparam config"
+        )
+
+    def transform_sample(self, latent: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's latent sites for draws ``latent`` of the shared latent site
+        (``(..., latent_dim)``, e.g. ``mcmc.get_samples()[neutra.latent_name]``)."""
+        with torch.no_grad():
+            return self.guide._constrain(self.guide.unpack(self.transform(latent)))
+
+
+def _prior_factor(name: str, log_factor: torch.Tensor) -> None:
+    """A ``pt.factor`` that is part of the prior: not a log likelihood term."""
+    unit = pyro_dist.Unit(log_factor)
+    sample(name, unit, obs=unit.sample(), infer={"is_auxiliary": True, "prior_term": True})
+
+
+class _NeuTraSites:
+    """One model run's sites computed from the warped shared latent (unconstrained values
+    by site name, each used once)."""
+
+    def __init__(self, guide, unconstrained: dict[str, torch.Tensor]):
+        self.guide = guide
+        self.unconstrained = unconstrained
+
+    def config(self, msg):
+        if msg.name in self.guide.latents and not msg.is_observed:
+            return self._reparam
+        return None
+
+    def _reparam(self, name, fn, obs):
+        from .inference.angles import unconstraining_transform
+
+        if name not in self.unconstrained:
+            raise ValueError(f"NeuTraReparam: site {name!r} occurs twice in the model")
+        unconstrained = self.unconstrained.pop(name)
+        transform = unconstraining_transform(fn)
+        value = transform(unconstrained)
+        shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
+        if tuple(value.shape[value.dim() - len(shape) :]) != shape:
+            raise ValueError(
+                f"NeuTraReparam: site {name!r} has shape {shape} ({type(fn).__name__}, "
+                f"batch {tuple(fn.batch_shape)}, event {tuple(fn.event_shape)}) in this run, "
+                f"but {tuple(value.shape)} when the guide was set up; fit a guide on the "
+                f"model with these arguments"
+            )
+        log_det = transform.log_abs_det_jacobian(unconstrained, value)
+        extra = log_det.dim() - (value.dim() - len(fn.event_shape))
+        if extra > 0:
+            log_det = log_det.reshape(log_det.shape[: log_det.dim() - extra] + (-1,)).sum(-1)
+        _prior_factor(f"_{name}_log_prob", fn.log_prob(value) + log_det)
+        return None, value

@@ -369,3 +369,194 @@ def test_reparam_refuses_a_site_with_a_sample_shape():
     reparameterized = reparam(model, config={"x": LocScaleReparam(0.0)})
     with pytest.raises(ValueError, match=r"site 'x' has sample_shape \(3,\)"):
         trace(seed(reparameterized, rng_seed=0)).get_trace()
+
+
+# -- NeuTraReparam ------------------------------------------------------------------------------
+def _neutra_model(y):
+    """A positive global site, a plated site and a simplex site."""
+    s = pt.sample("s", dist.LogNormal(0.0, 1.0))
+    with pt.plate("J", 3):
+        theta = pt.sample("theta", dist.Normal(0.0, s))
+    probs = pt.sample("probs", dist.Dirichlet(torch.ones(3)))
+    with pt.plate("n", y.shape[0]):
+        pt.sample("y", dist.Normal((theta * probs).sum(), 1.0), obs=y)
+
+
+NEUTRA_Y = torch.tensor([0.4, -0.3, 1.1, 0.2], dtype=torch.float64)
+
+
+def _set_up(guide_type, **kwargs):
+    """A guide of ``_neutra_model`` set up, with params moved off their initial values."""
+    from probtorch.inference.autoguide import AutoIAFNormal
+
+    torch.manual_seed(0)
+    if guide_type is AutoIAFNormal:
+        kwargs = {"hidden_dims": [6], "num_transforms": 2, **kwargs}
+    guide = guide_type(_neutra_model, **kwargs)
+    store = pt.ParamStore()
+    with pt.param_scope(store), seed(rng_seed=0):
+        guide(NEUTRA_Y)
+    generator = torch.Generator().manual_seed(1)
+    params = {}
+    for name, value in store.items():
+        noise = torch.randn(value.shape, generator=generator, dtype=value.dtype)
+        params[name] = (
+            value + 0.3 * noise if "scale" not in name else value * (1 + 0.3 * noise.abs())
+        )
+    return guide, params
+
+
+def _guide_types():
+    from probtorch.inference.autoguide import (
+        AutoDiagonalNormal,
+        AutoIAFNormal,
+        AutoLowRankMultivariateNormal,
+        AutoMultivariateNormal,
+    )
+
+    return [
+        AutoDiagonalNormal,
+        AutoMultivariateNormal,
+        AutoLowRankMultivariateNormal,
+        AutoIAFNormal,
+    ]
+
+
+@pytest.mark.parametrize("guide_type", _guide_types(), ids=lambda t: t.__name__)
+def test_get_transform_pushes_the_base_forward_to_the_posterior(guide_type):
+    """``get_transform(params)`` is the map of ``get_base_dist()`` onto
+    ``get_posterior(params)``: the change of variables holds at every point, and its
+    parameters are detached."""
+    guide, params = _set_up(guide_type)
+    for value in params.values():
+        value.requires_grad_(True)
+    transform, base = guide.get_transform(params), guide.get_base_dist()
+    posterior = guide.get_posterior(params)
+    z = torch.randn(5, guide.latent_dim, generator=torch.Generator().manual_seed(2))
+    x = transform(z)
+    assert not x.requires_grad
+    expected = base.log_prob(z) - transform.log_abs_det_jacobian(z, x)
+    torch.testing.assert_close(posterior.log_prob(x).detach(), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("guide_type", _guide_types(), ids=lambda t: t.__name__)
+def test_neutra_density_is_the_models_times_the_jacobians(guide_type):
+    """The potential of the shared latent ``z`` is minus the model's log joint at
+    ``x = biject(T(z))`` plus the log Jacobians of ``T`` and of each site's bijection,
+    each counted once (the plated site's terms are elementwise, in its plate)."""
+    from probtorch.inference import Potential
+    from probtorch.reparam import NeuTraReparam
+
+    guide, params = _set_up(guide_type)
+    neutra = NeuTraReparam(guide, params)
+    potential = Potential(neutra.reparam(_neutra_model), (NEUTRA_Y,), compile=False)
+    assert [site.name for site in potential.sites] == ["auto_shared_latent"]
+    z = torch.randn(3, guide.latent_dim, generator=torch.Generator().manual_seed(4))
+    transform = guide.get_transform(params)
+    for row in z:
+        u = transform(row)
+        log_s, theta, stick = u[0], u[1:4], u[4:]
+        probs = torch.distributions.biject_to(torch.distributions.constraints.simplex)
+        p = probs(stick)
+        values = {"s": log_s.exp(), "theta": theta, "probs": p}
+        log_joint, _ = log_density(_neutra_model, values, NEUTRA_Y)
+        expected = (
+            log_joint
+            + float(transform.log_abs_det_jacobian(row, u))
+            + float(log_s)  # d exp(u) / du
+            + float(probs.log_abs_det_jacobian(stick, p))
+        )
+        assert float(potential(row[None])) == pytest.approx(-expected, abs=1e-10)
+
+
+def test_neutra_samples_summaries_and_predictions():
+    """A NeuTra run records the model's sites (deterministic) beside the shared latent;
+    ``to_inference_data``'s log likelihood is the observed site's alone (the NeuTra
+    factors are prior terms); ``Predictive`` replays the run; ``transform_sample`` maps
+    the latent draws onto the recorded sites."""
+    from probtorch.inference import MCMC, NUTS, Predictive
+    from probtorch.inference.autoguide import AutoMultivariateNormal
+    from probtorch.reparam import NeuTraReparam
+
+    guide, params = _set_up(AutoMultivariateNormal)
+    neutra = NeuTraReparam(guide, params)
+    mcmc = MCMC(NUTS(neutra.reparam(_neutra_model), compile=False), num_warmup=30,
+                num_samples=20, num_chains=2, progress_bar=False, seed=0)  # fmt: skip
+    mcmc.run(NEUTRA_Y)
+    samples = mcmc.get_samples()
+    assert sorted(samples) == ["auto_shared_latent", "probs", "s", "theta"]
+    assert samples["theta"].shape == (40, 3) and samples["probs"].shape == (40, 3)
+    mapped = neutra.transform_sample(samples["auto_shared_latent"])
+    for name, value in mapped.items():
+        torch.testing.assert_close(value, samples[name], rtol=1e-12, atol=1e-12)
+    idata = mcmc.to_inference_data()
+    assert list(idata.log_likelihood.data_vars) == ["y"]
+    assert dict(idata.posterior["theta"].sizes) == {"chain": 2, "draw": 20, "J": 3}
+    predictive = Predictive(neutra.reparam(_neutra_model), samples)(NEUTRA_Y, seed=0)
+    assert predictive["y"].shape == (40, 4)
+
+
+def test_neutra_compiled_draws_what_eager_draws_without_recompiles():
+    """The NeuTra model through the compiled sampler: the eager run's draws, no graph
+    breaks, and a continued run compiles nothing."""
+    from probtorch.inference import MCMC, NUTS
+    from probtorch.inference.autoguide import AutoIAFNormal
+    from probtorch.inference.compile import count_compiles
+    from probtorch.reparam import NeuTraReparam
+
+    guide, params = _set_up(AutoIAFNormal)
+    model = NeuTraReparam(guide, params).reparam(_neutra_model)
+    runs = {}
+    for compiled in (False, True):
+        mcmc = MCMC(NUTS(model, compile=compiled, step_size=0.3, adapt_step_size=False,
+                         adapt_mass_matrix=False), num_warmup=0, num_samples=10,
+                    num_chains=2, progress_bar=False, seed=3)  # fmt: skip
+        with count_compiles() as first:
+            mcmc.run(NEUTRA_Y)
+        runs[compiled] = mcmc
+    assert first.graph_breaks == 0
+    for name, value in runs[False].get_samples().items():
+        torch.testing.assert_close(runs[True].get_samples()[name], value, rtol=0, atol=1e-9)
+    compiled = runs[True]
+    compiled.post_warmup_state = compiled.last_state
+    with count_compiles() as later, torch.compiler.set_stance("fail_on_recompile"):
+        compiled.run(NEUTRA_Y)
+    assert later.graph_breaks == 0 and later.graphs == 0
+
+
+def test_neutra_errors_name_what_is_wrong():
+    from probtorch.inference.autoguide import (
+        AutoLaplaceApproximation,
+        AutoMultivariateNormal,
+        AutoNormal,
+    )
+    from probtorch.reparam import NeuTraReparam
+
+    with pytest.raises(TypeError, match="AutoContinuous guide.*got AutoNormal"):
+        NeuTraReparam(AutoNormal(_neutra_model))
+    with pytest.raises(RuntimeError, match="NeuTraReparam: the guide has not been set up"):
+        NeuTraReparam(AutoMultivariateNormal(_neutra_model))
+    laplace, params = _set_up(AutoLaplaceApproximation)
+    with pytest.raises(ValueError, match="laplace_approximation"):
+        NeuTraReparam(laplace, params)
+
+    guide, params = _set_up(AutoMultivariateNormal)
+    neutra = NeuTraReparam(guide, params)
+
+    def fewer_groups(y):
+        s = pt.sample("s", dist.LogNormal(0.0, 1.0))
+        with pt.plate("J", 2):
+            pt.sample("theta", dist.Normal(0.0, s))
+
+    with pytest.raises(ValueError, match=r"site 'theta' has shape \(2,\).*but \(3,\)"):
+        trace(seed(neutra.reparam(fewer_groups), rng_seed=0)).get_trace(NEUTRA_Y)
+
+    def no_probs(y):
+        pt.sample("s", dist.LogNormal(0.0, 1.0))
+        with pt.plate("J", 3):
+            pt.sample("theta", dist.Normal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match=r"latent sites \['probs'\] did not occur"):
+        trace(seed(neutra.reparam(no_probs), rng_seed=0)).get_trace(NEUTRA_Y)
+    with pytest.raises(TypeError, match=r"neutra.reparam\(model\)"):
+        trace(seed(reparam(_neutra_model, config={"s": neutra}), rng_seed=0)).get_trace(NEUTRA_Y)

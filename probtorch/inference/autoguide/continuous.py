@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import pyro.distributions as pyro_dist
 import torch
-from torch.distributions import constraints
+from pyro.distributions.transforms import LowerCholeskyAffine
+from torch.distributions import AffineTransform, ComposeTransform, Independent, constraints
 
 from ...handlers import substitute, trace
 from ...params import fitted_params
@@ -149,6 +150,63 @@ class AutoContinuous(AutoGuide):
 
             result[name] = run_in_plates(site.frames, plates, draw)
         return result
+
+    # -- the guide as a map of standard normal noise (NeuTra) ---------------------------
+    def get_base_dist(self) -> torch.distributions.Distribution:
+        """The standard Normal of dimension ``latent_dim`` that :meth:`get_transform` maps
+        to the guide's posterior of the latent vector.
+
+        Example::
+
+            >>> import probtorch as pt, probtorch.distributions as dist
+            >>> guide = AutoDiagonalNormal(lambda: pt.sample("a", dist.Normal(0.0, 1.0)))
+            >>> with pt.param_scope(pt.ParamStore()), pt.handlers.seed(rng_seed=0):
+            ...     _ = guide()
+            >>> guide.get_base_dist().event_shape
+            torch.Size([1])
+        """
+        self._require_prototype("get_base_dist")
+        zeros = self._init_loc.new_zeros(self.latent_dim)
+        return pyro_dist.Normal(zeros, torch.ones_like(zeros)).to_event(1)
+
+    def get_transform(self, params: dict | None = None) -> torch.distributions.Transform:
+        """The map ``T`` with ``get_posterior(params)`` = ``T`` of ``get_base_dist()``.
+
+        Its parameters are detached from the params (a fixed map: what
+        :class:`~probtorch.reparam.NeuTraReparam` warps a model's geometry with).
+        ``params`` as for :meth:`get_posterior` (None: the fitted ones).
+
+        Example::
+
+            >>> import torch, probtorch as pt, probtorch.distributions as dist
+            >>> guide = AutoMultivariateNormal(
+            ...     lambda: pt.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1)),
+            ...     init_scale=0.5)
+            >>> with pt.param_scope(pt.ParamStore()), pt.handlers.seed(rng_seed=0):
+            ...     _ = guide()
+            ...     t = guide.get_transform()
+            >>> t(torch.tensor([2.0, -2.0])) - t(torch.zeros(2))  # the Cholesky factor 0.5 I
+            tensor([ 1., -1.])
+        """
+        self._require_prototype("get_transform")
+        values = {k: v.detach().clone() for k, v in self._lookup_params(params).items()}
+        return self._transform(values)
+
+    def _transform(self, values: dict[str, torch.Tensor]) -> torch.distributions.Transform:
+        posterior = self._posterior(values)
+        if isinstance(posterior, torch.distributions.TransformedDistribution):
+            return ComposeTransform(list(posterior.transforms), cache_size=0)
+        if isinstance(
+            posterior, (pyro_dist.MultivariateNormal, pyro_dist.LowRankMultivariateNormal)
+        ):
+            return LowerCholeskyAffine(posterior.loc, posterior.scale_tril)
+        base = posterior.base_dist if isinstance(posterior, Independent) else None
+        if isinstance(base, torch.distributions.Normal):
+            return AffineTransform(base.loc, base.scale, event_dim=1)
+        raise NotImplementedError(
+            f"{type(self).__name__} has no map from standard normal noise to its posterior "
+            f"({type(posterior).__name__})"
+        )
 
     # -- summaries -----------------------------------------------------------------
     def _loc_scale(self, values: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -362,6 +420,13 @@ class AutoLaplaceApproximation(AutoContinuous):
 
     def _loc_scale(self, values):
         return values["loc"], torch.zeros_like(values["loc"])
+
+    def _transform(self, values):
+        raise NotImplementedError(
+            "AutoLaplaceApproximation is a point mass while it is fitted: no map from "
+            "standard normal noise. Use guide.laplace_approximation(*args), an "
+            "AutoMultivariateNormal, whose get_transform() is the Laplace approximation's"
+        )
 
     def _sample_posterior(self, num_samples, params):
         loc = self._lookup_params(params)["loc"].detach()

@@ -254,7 +254,8 @@ def to_inference_data(
     likelihood_sites = {
         name: site
         for name, site in trace.sample_sites(observed=True).items()
-        if factors or not site.infer.get("is_auxiliary", False)
+        if (factors or not site.infer.get("is_auxiliary", False))
+        and not site.infer.get("prior_term", False)  # (NeuTraReparam's)
     }
     observed_sites = {
         name: site
