@@ -8,6 +8,7 @@ auxiliary sites and return the value of the original site computed from them
 from __future__ import annotations
 
 import functools
+import math
 
 import pyro.distributions as pyro_dist
 import torch
@@ -17,7 +18,19 @@ from . import handlers
 from ._errors import with_message
 from .primitives import param, sample
 
-__all__ = ["Reparam", "LocScaleReparam", "TransformReparam", "NeuTraReparam"]
+__all__ = [
+    "Reparam",
+    "LocScaleReparam",
+    "TransformReparam",
+    "NeuTraReparam",
+    "StudentTReparam",
+    "CircularReparam",
+    "ProjectedNormalReparam",
+    "GumbelSoftmaxReparam",
+    "Strategy",
+    "MinimalReparam",
+    "AutoReparam",
+]
 
 
 class Reparam:
@@ -303,3 +316,286 @@ class _NeuTraSites:
             log_det = log_det.reshape(log_det.shape[: log_det.dim() - extra] + (-1,)).sum(-1)
         _prior_factor(f"_{name}_log_prob", fn.log_prob(value) + log_det)
         return None, value
+
+
+def _require_family(name, fn, family, what):
+    if not isinstance(fn, family):
+        raise ValueError(
+            f"{what}: site {name!r} has distribution {type(fn).__name__}, not a {family.__name__}"
+        )
+
+
+class StudentTReparam(Reparam):
+    """A StudentT site as a Normal given an auxiliary Gamma precision (a scale mixture).
+
+    ``x ~ StudentT(df, loc, scale)`` becomes ``x_gamma ~ Gamma(df / 2, df / 2)`` and
+    ``x ~ Normal(loc, scale / sqrt(x_gamma))``: the site keeps its name (observed sites
+    too) with the conditional Normal, as Pyro's.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.sample("x", dist.StudentT(4.0, 0.0, 2.0))
+        >>> m = pt.handlers.reparam(model, config={"x": StudentTReparam()})
+        >>> tr = pt.handlers.trace(pt.handlers.seed(m, 0)).get_trace()
+        >>> list(tr), type(tr["x"].fn).__name__
+        (['x_gamma', 'x'], 'Normal')
+    """
+
+    def __call__(self, name, fn, obs):
+        fn, expand_shape, event_dim = self._unwrap(fn)
+        _require_family(name, fn, torch.distributions.StudentT, "StudentTReparam")
+        half_df = fn.df * 0.5
+        gamma = sample(
+            f"{name}_gamma", self._wrap(pyro_dist.Gamma(half_df, half_df), expand_shape, event_dim)
+        )
+        normal = pyro_dist.Normal(fn.loc, fn.scale * gamma.rsqrt())
+        return self._wrap(normal, expand_shape, event_dim), None
+
+
+class _Unwrapped(torch.distributions.Distribution):
+    """A real line carrying no density, drawn (for prior draws and inits) as the
+    circular ``fn``: the unwrapped angle of :class:`CircularReparam`."""
+
+    arg_constraints: dict = {}
+
+    def __init__(self, fn):
+        self.fn = fn
+        super().__init__(fn.batch_shape, fn.event_shape, validate_args=False)
+
+    @property
+    def support(self):
+        return constraints.independent(constraints.real, len(self.event_shape))
+
+    def sample(self, sample_shape=()):
+        return self.fn.sample(torch.Size(sample_shape))
+
+    def log_prob(self, value):
+        shape = value.shape[: value.dim() - len(self.event_shape)]
+        return value.new_zeros(shape)
+
+
+class CircularReparam(Reparam):
+    """An angle (``VonMises``, ``SineBivariateVonMises``, ``SineSkewed``) drawn on the real
+    line and wrapped.
+
+    ``x ~ VonMises(loc, concentration)`` becomes ``x_unwrapped`` on the real line (no
+    density of its own) and ``x = (x_unwrapped + pi) mod 2 pi - pi``, with the site's
+    density as the factor ``f"{x}_factor"``: NumPyro's. (probtorch's HMC and NUTS sample
+    angles as directions in the plane without it.)
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.sample("x", dist.VonMises(3.0, 2.0))
+        >>> m = pt.handlers.reparam(model, config={"x": CircularReparam()})
+        >>> values = {"x_unwrapped": torch.tensor(3.0 + 2 * math.pi)}
+        >>> tr = pt.handlers.trace(pt.handlers.substitute(m, data=values)).get_trace()
+        >>> round(float(tr["x"].value), 4), tr["x"].type
+        (3.0, 'deterministic')
+    """
+
+    def __call__(self, name, fn, obs):
+        self._require_latent(name, obs, "CircularReparam")
+        from .inference.angles import _is_angular
+
+        if not _is_angular(fn):
+            raise ValueError(
+                f"CircularReparam: site {name!r} has distribution {type(fn).__name__}, not "
+                f"a distribution of angles (VonMises, SineBivariateVonMises, SineSkewed)"
+            )
+        unwrapped = sample(f"{name}_unwrapped", _Unwrapped(fn))
+        value = torch.remainder(unwrapped + math.pi, 2 * math.pi) - math.pi
+        _prior_factor(f"{name}_factor", fn.log_prob(value))
+        return None, value
+
+
+class ProjectedNormalReparam(Reparam):
+    """A ``ProjectedNormal`` direction as the normalized ``concentration + x_normal``,
+    ``x_normal`` a standard Normal of the same shape (Pyro's and NumPyro's).
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.sample("x", dist.ProjectedNormal(torch.tensor([3.0, 0.0, 0.0])))
+        >>> m = pt.handlers.reparam(model, config={"x": ProjectedNormalReparam()})
+        >>> values = {"x_normal": torch.tensor([1.0, 4.0, 0.0])}
+        >>> pt.handlers.trace(pt.handlers.substitute(m, data=values)).get_trace()["x"].value
+        tensor([0.7071, 0.7071, 0.0000])
+    """
+
+    def __call__(self, name, fn, obs):
+        self._require_latent(name, obs, "ProjectedNormalReparam")
+        fn, expand_shape, event_dim = self._unwrap(fn)
+        _require_family(name, fn, pyro_dist.ProjectedNormal, "ProjectedNormalReparam")
+        concentration = fn.concentration
+        zeros = torch.zeros_like(concentration)
+        noise = pyro_dist.Normal(zeros, torch.ones_like(zeros))
+        full_shape = tuple(expand_shape) + tuple(fn.event_shape)
+        x = sample(f"{name}_normal", self._wrap(noise, full_shape, event_dim))
+        y = x + concentration
+        tiny = torch.finfo(y.dtype).tiny
+        value = y / torch.linalg.vector_norm(y, dim=-1, keepdim=True).clamp(min=tiny)
+        return None, value
+
+
+class GumbelSoftmaxReparam(Reparam):
+    """A ``RelaxedOneHotCategorical`` site from uniform noise through the Gumbel-softmax:
+    ``x_uniform ~ Uniform(0, 1)`` (the logits' shape), ``x = softmax((logits + g) / T)``
+    with ``g = -log(-log(x_uniform))`` (Pyro's).
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     return pt.sample("x", dist.RelaxedOneHotCategorical(
+        ...         torch.tensor(0.5), logits=torch.zeros(3)))
+        >>> m = pt.handlers.reparam(model, config={"x": GumbelSoftmaxReparam()})
+        >>> tr = pt.handlers.trace(pt.handlers.seed(m, 0)).get_trace()
+        >>> list(tr), round(float(tr["x"].value.sum()), 6)
+        (['x_uniform', 'x'], 1.0)
+    """
+
+    def __call__(self, name, fn, obs):
+        self._require_latent(name, obs, "GumbelSoftmaxReparam")
+        fn, expand_shape, event_dim = self._unwrap(fn)
+        _require_family(
+            name, fn, torch.distributions.RelaxedOneHotCategorical, "GumbelSoftmaxReparam"
+        )
+        logits = fn.logits
+        uniform = pyro_dist.Uniform(torch.zeros_like(logits), torch.ones_like(logits))
+        full_shape = tuple(expand_shape) + tuple(fn.event_shape)
+        u = sample(f"{name}_uniform", self._wrap(uniform, full_shape, event_dim))
+        tiny = torch.finfo(u.dtype).tiny
+        gumbel = -torch.log(-torch.log(u.clamp(min=tiny)))
+        value = torch.softmax((logits + gumbel) / fn.temperature, dim=-1)
+        return None, value
+
+
+# -- strategies: a reparameterizer chosen per site ------------------------------------------
+class Strategy:
+    """Chooses a reparameterizer for each site, once (Pyro's strategies).
+
+    Use it as a decorator (``@AutoReparam()`` on a model), or as the config of the
+    ``reparam`` handler. :attr:`config` holds the choice per site name after the first run
+    of the model (reusable as ``reparam(model, config=strategy.config)``).
+    """
+
+    def __init__(self):
+        self.config: dict = {}
+
+    def configure(self, msg):
+        """The reparameterizer for the sample site ``msg``, or None."""
+        raise NotImplementedError
+
+    def __call__(self, msg_or_fn):
+        from .runtime import Message
+
+        if isinstance(msg_or_fn, Message):
+            name = msg_or_fn.name
+            if name not in self.config:
+                self.config[name] = self.configure(msg_or_fn)
+            return self.config[name]
+        return handlers.reparam(msg_or_fn, config=self)
+
+
+def _base_family(fn):
+    """``fn`` without its Independent/expanded/masked wrappers."""
+    while (
+        isinstance(fn, Independent)
+        or type(fn).__name__ in ("ExpandedDistribution", "MaskedDistribution")
+    ) and hasattr(fn, "base_dist"):
+        fn = fn.base_dist
+    return fn
+
+
+def _minimal(name, fn, is_observed):
+    fn = _base_family(fn)
+    if isinstance(fn, TransformedDistribution):
+        inner = _minimal(name, fn.base_dist, is_observed)
+        return None if inner is None else TransformReparam()
+    if isinstance(fn, pyro_dist.Stable):
+        raise NotImplementedError(
+            f"site {name!r} is a Stable distribution, which has no density: probtorch has "
+            f"no Stable reparameterizers (Pyro's StableReparam, LatentStableReparam, "
+            f"SymmetricStableReparam)"
+        )
+    if isinstance(fn, pyro_dist.ProjectedNormal) and not is_observed:
+        return ProjectedNormalReparam()
+    return None
+
+
+class MinimalReparam(Strategy):
+    """Reparameterizes only the sites that need it: ``ProjectedNormal`` latents (through a
+    ``TransformedDistribution`` too). Pyro's strategy; its Stable reparameterizers are not
+    in probtorch, and a Stable site is refused by name.
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> @MinimalReparam()
+        ... def model():
+        ...     pt.sample("s", dist.Normal(0.0, 1.0))
+        ...     pt.sample("d", dist.ProjectedNormal(torch.ones(3)))
+        >>> list(pt.handlers.trace(pt.handlers.seed(model, 0)).get_trace())
+        ['s', 'd_normal', 'd']
+    """
+
+    def configure(self, msg):
+        return _minimal(msg.name, msg.fn, msg.is_observed)
+
+
+class AutoReparam(Strategy):
+    """Pyro's recommended reparameterizers, per latent site: ``TransformReparam`` for a
+    ``TransformedDistribution``, ``GumbelSoftmaxReparam`` for a
+    ``RelaxedOneHotCategorical``, a ``LocScaleReparam`` for a location-scale family on
+    the real line (learned centering by default: fit with SVI; ``centered=0.0`` decenters
+    fully, for MCMC), then :class:`MinimalReparam`'s.
+
+    Args:
+        centered: None to learn each site's centering (params ``f"{name}_centered"``), or
+            a fixed degree in [0, 1].
+
+    Example::
+
+        >>> import probtorch as pt, probtorch.distributions as dist
+        >>> def model():
+        ...     mu = pt.sample("mu", dist.Normal(0.0, 1.0))
+        ...     pt.sample("x", dist.Normal(mu, 2.0))
+        >>> strategy = AutoReparam(centered=0.0)
+        >>> tr = pt.handlers.trace(pt.handlers.seed(strategy(model), 0)).get_trace()
+        >>> list(tr)
+        ['mu_decentered', 'mu', 'x_decentered', 'x']
+        >>> sorted(strategy.config)
+        ['mu', 'mu_decentered', 'x', 'x_decentered']
+    """
+
+    def __init__(self, *, centered: float | None = None):
+        if centered is not None and not 0 <= float(centered) <= 1:
+            raise ValueError(f"AutoReparam: centered must be None or in [0, 1], got {centered}")
+        super().__init__()
+        self.centered = None if centered is None else float(centered)
+
+    def configure(self, msg):
+        fn = msg.fn
+        if not msg.is_observed:
+            fn = _base_family(fn)
+            if isinstance(fn, TransformedDistribution):
+                return TransformReparam()
+            if isinstance(fn, torch.distributions.RelaxedOneHotCategorical):
+                return GumbelSoftmaxReparam()
+            if not msg.name.endswith("_decentered") and _is_loc_scale(fn):
+                return LocScaleReparam(self.centered)
+        return _minimal(msg.name, msg.fn, msg.is_observed)
+
+
+def _is_loc_scale(fn) -> bool:
+    if not {"loc", "scale"} <= set(getattr(fn, "arg_constraints", {})):
+        return False
+    support = fn.support
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return support is constraints.real

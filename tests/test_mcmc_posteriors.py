@@ -157,11 +157,18 @@ def von_mises_location(x):
         pt.sample("x", dist.VonMises(mu, VM_CONC), obs=x)
 
 
-def test_von_mises_location_across_the_branch_cut():
+@pytest.mark.parametrize("circular_reparam", [False, True], ids=["angle", "CircularReparam"])
+def test_von_mises_location_across_the_branch_cut(circular_reparam):
     """The posterior is VonMises(atan2(S, C), sqrt(C^2 + S^2)) with C, S the prior's and the
     data's weighted cosines and sines; it is centred near pi, so it straddles the cut at
     +-pi. Checked through cos and sin of the draws (whose exact moments are Bessel ratios),
-    and the draws are angles in [-pi, pi]."""
+    and the draws are angles in [-pi, pi]. With ``CircularReparam`` (NumPyro's), NUTS
+    samples the unwrapped angle on the real line instead of a point of the plane."""
+    from probtorch.reparam import CircularReparam
+
+    model = von_mises_location
+    if circular_reparam:
+        model = pt.handlers.reparam(model, config={"mu": CircularReparam()})
     x = torch.tensor([2.9, -3.0, 2.6, 3.1, -2.7, 2.2])
     c = VM_PRIOR_CONC * math.cos(VM_PRIOR_LOC) + VM_CONC * float(torch.cos(x).sum())
     s = VM_PRIOR_CONC * math.sin(VM_PRIOR_LOC) + VM_CONC * float(torch.sin(x).sum())
@@ -176,7 +183,7 @@ def test_von_mises_location_across_the_branch_cut():
     exact = Exact(mean, {k: math.sqrt(second[k] - mean[k] ** 2) for k in mean})
     # target_accept_prob 0.95: as with Stan's unit_vector, a trajectory near the plane's
     # origin now and then diverges (1-4 per run at 0.8, 0-1 at 0.95 over eight seeds)
-    mcmc = _run(NUTS(von_mises_location, target_accept_prob=0.95), x)
+    mcmc = _run(NUTS(model, target_accept_prob=0.95), x)
     _check_posterior(mcmc, exact, max_divergences=2)
     mu = mcmc.get_samples()["mu"]
     assert float(mu.abs().max()) <= math.pi

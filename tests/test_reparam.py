@@ -560,3 +560,187 @@ def test_neutra_errors_name_what_is_wrong():
         trace(seed(neutra.reparam(no_probs), rng_seed=0)).get_trace(NEUTRA_Y)
     with pytest.raises(TypeError, match=r"neutra.reparam\(model\)"):
         trace(seed(reparam(_neutra_model, config={"s": neutra}), rng_seed=0)).get_trace(NEUTRA_Y)
+
+
+# -- StudentT, circular, projected normal, Gumbel-softmax; strategies ---------------------------
+def test_studentt_reparam_density_and_marginal():
+    """``x ~ StudentT(df, loc, scale)`` becomes a Gamma precision and a conditional Normal
+    (scipy's densities), in a plate and for an observed site; marginally the draws of
+    ``x`` are StudentT (KS test against scipy, fixed seed)."""
+    from probtorch.reparam import StudentTReparam
+
+    def model(y=None):
+        with pt.plate("n", 20000):
+            return pt.sample("x", dist.StudentT(3.0, 1.0, 2.0), obs=y)
+
+    m = reparam(model, config={"x": StudentTReparam()})
+    tr = trace(seed(m, rng_seed=0)).get_trace()
+    assert list(tr) == ["n", "x_gamma", "x"] and not tr["x"].is_observed
+    g, x = tr["x_gamma"].value, tr["x"].value
+    expected = (
+        stats.gamma(1.5, scale=1 / 1.5).logpdf(g.numpy()).sum()
+        + stats.norm(1.0, 2.0 / np.sqrt(g.numpy())).logpdf(x.numpy()).sum()
+    )
+    assert float(tr.log_prob_sum()) == pytest.approx(expected, rel=1e-10)
+    assert stats.kstest(x.numpy(), stats.t(3.0, 1.0, 2.0).cdf).pvalue > 1e-3
+    y = torch.zeros(20000)
+    observed = trace(seed(m, rng_seed=0)).get_trace(y)
+    assert observed["x"].is_observed and torch.equal(observed["x"].value, y)
+    with pytest.raises(ValueError, match="StudentTReparam: site 'x' has distribution Normal"):
+        seed(
+            reparam(lambda: pt.sample("x", dist.Normal(0.0, 1.0)), config={"x": StudentTReparam()}),
+            0,
+        )()  # noqa: E501
+
+
+def test_circular_reparam_wraps_and_keeps_the_density():
+    """The unwrapped angle carries no density; ``x`` is it wrapped into [-pi, pi) and its
+    von Mises density is the factor ``x_factor``; prior draws are von Mises draws."""
+    from probtorch.reparam import CircularReparam
+
+    def model():
+        with pt.plate("n", 3):
+            return pt.sample("x", dist.VonMises(2.5, 1.5))
+
+    m = reparam(model, config={"x": CircularReparam()})
+    u = torch.tensor([2.0, 2.0 + 2 * math.pi, -9.0])
+    tr = trace(substitute(m, data={"x_unwrapped": u})).get_trace()
+    wrapped = np.mod(u.numpy() + np.pi, 2 * np.pi) - np.pi
+    np.testing.assert_allclose(tr["x"].value.numpy(), wrapped, rtol=0, atol=1e-12)
+    assert tr["x"].type == "deterministic" and tr["x_factor"].is_observed
+    expected = stats.vonmises(1.5, loc=2.5).logpdf(wrapped).sum()
+    # (torch's von Mises normalizer is a polynomial approximation, to about 1e-8)
+    assert float(tr.log_prob_sum()) == pytest.approx(expected, rel=1e-7)
+    draws = trace(seed(m, rng_seed=0)).get_trace()["x"].value
+    assert draws.shape == (3,) and bool((draws.abs() <= math.pi).all())
+    with pytest.raises(
+        ValueError, match="'x' has distribution Normal, not a distribution of angles"
+    ):  # noqa: E501
+        seed(
+            reparam(lambda: pt.sample("x", dist.Normal(0.0, 1.0)), config={"x": CircularReparam()}),
+            0,
+        )()  # noqa: E501
+
+
+def test_projected_normal_reparam_is_the_normalized_shifted_noise():
+    """``x = normalize(concentration + x_normal)``: the construction of ProjectedNormal's
+    own sampler, so the same noise gives the same direction; the noise is a standard
+    Normal over the plate and the event."""
+    from probtorch.reparam import ProjectedNormalReparam
+
+    concentration = torch.tensor([[2.0, 0.0, 1.0], [0.0, -1.0, 0.5]])
+
+    def model():
+        with pt.plate("n", 2):
+            return pt.sample("x", dist.ProjectedNormal(concentration))
+
+    m = reparam(model, config={"x": ProjectedNormalReparam()})
+    noise = torch.tensor([[0.3, -0.2, 0.1], [1.0, 0.4, -2.0]])
+    tr = trace(substitute(m, data={"x_normal": noise})).get_trace()
+    y = (concentration + noise).numpy()
+    np.testing.assert_allclose(
+        tr["x"].value.numpy(), y / np.linalg.norm(y, axis=-1, keepdims=True), atol=1e-12
+    )
+    assert float(tr.log_prob_sum()) == pytest.approx(stats.norm.logpdf(noise.numpy()).sum())
+    assert tr["x_normal"].fn.event_shape == (3,) and tr["x_normal"].fn.batch_shape == (2,)
+
+
+def test_gumbel_softmax_reparam_matches_torchs_relaxed_sampler():
+    """The value from the uniform noise is torch's RelaxedOneHotCategorical draw from the
+    same uniforms (torch draws them the same way), and the noise is Uniform(0, 1)."""
+    from probtorch.reparam import GumbelSoftmaxReparam
+
+    logits, temperature = torch.tensor([0.5, -1.0, 2.0]), torch.tensor(0.7)
+
+    def model():
+        return pt.sample("x", dist.RelaxedOneHotCategorical(temperature, logits=logits))
+
+    m = reparam(model, config={"x": GumbelSoftmaxReparam()})
+    u = torch.tensor([0.2, 0.9, 0.5])
+    tr = trace(substitute(m, data={"x_uniform": u})).get_trace()
+    gumbel = -np.log(-np.log(u.numpy()))
+    scores = (logits.numpy() + gumbel) / 0.7
+    expected = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+    np.testing.assert_allclose(tr["x"].value.numpy(), expected, rtol=1e-12)
+    assert float(tr.log_prob_sum()) == 0.0  # three uniforms on (0, 1)
+
+
+def test_auto_reparam_decenters_loc_scale_sites_and_unwraps_transforms():
+    """``AutoReparam`` (Pyro's strategy): a location-scale site on the real line gets a
+    LocScaleReparam, a TransformedDistribution a TransformReparam (HalfCauchy and
+    LogNormal are torch's transformed Cauchy and Normal, whose bases are then decentered),
+    observed sites are left; the choice is kept in ``config`` after the first run. With
+    ``centered=0.0`` eight schools' log density is the fully non-centered one (scipy);
+    with ``centered=None`` the centering is a param."""
+    from probtorch.reparam import AutoReparam
+
+    strategy = AutoReparam(centered=0.0)
+    model = strategy(eight_schools)
+    mu_d, tau_d = MU / 5.0, -TAU / 5.0  # (tau = |5 tau_base_decentered|: HalfCauchy is |Cauchy|)
+    aux = {"mu_decentered": mu_d, "tau_base_decentered": tau_d, "theta_decentered": Z}
+    lp_auto, tr = log_density(model, aux, EIGHT_SIGMA, EIGHT_Y)
+    assert [n for n in tr if tr[n].type == "sample"] == [
+        "mu_decentered", "tau_base_decentered", "theta_decentered", "y"
+    ]  # fmt: skip
+    assert float(tr["tau"].value) == pytest.approx(float(TAU))
+    assert strategy.config["y"] is None
+    assert type(strategy.config["tau"]).__name__ == "TransformReparam"
+    theta = (MU + TAU * Z).numpy()
+    expected = (
+        stats.norm.logpdf(mu_d.item())
+        + stats.cauchy.logpdf(tau_d.item())
+        + stats.norm.logpdf(Z.numpy()).sum()
+        + stats.norm(theta, EIGHT_SIGMA.numpy()).logpdf(EIGHT_Y.numpy()).sum()
+    )
+    assert lp_auto == pytest.approx(expected, abs=TOL)
+
+    learned = AutoReparam()
+    store = pt.ParamStore()
+    with pt.param_scope(store):
+        trace(seed(learned(lambda: pt.sample("x", dist.LogNormal(0.0, 1.0))), 0)).get_trace()
+    assert list(store.keys()) == ["x_base_centered"]
+    assert [type(r).__name__ for r in learned.config.values() if r is not None] == [
+        "TransformReparam", "LocScaleReparam"
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="centered must be None or in"):
+        AutoReparam(centered=2.0)
+
+
+def test_minimal_reparam_only_where_needed():
+    """``MinimalReparam`` reparameterizes ProjectedNormal latents and leaves the rest; a
+    Stable site (no density, no Stable reparameterizer here) is refused by name."""
+    from probtorch.reparam import MinimalReparam
+
+    @MinimalReparam()
+    def model():
+        pt.sample("s", dist.Normal(0.0, 1.0))
+        pt.sample("d", dist.ProjectedNormal(torch.ones(3)))
+
+    tr = trace(seed(model, rng_seed=0)).get_trace()
+    assert [n for n in tr if tr[n].type == "sample"] == ["s", "d_normal"]
+    assert tr["d"].type == "deterministic"
+
+    @MinimalReparam()
+    def stable():
+        pt.sample("z", dist.Stable(1.5, 0.0))
+
+    with pytest.raises(NotImplementedError, match="site 'z' is a Stable distribution"):
+        trace(seed(stable, rng_seed=0)).get_trace()
+
+
+def test_noise_reparameterizers_in_a_plate():
+    """ProjectedNormal and Gumbel-softmax sites in a plate: the noise has the plate's batch
+    shape and the site's event shape."""
+    from probtorch.reparam import GumbelSoftmaxReparam, ProjectedNormalReparam
+
+    def model():
+        with pt.plate("n", 4):
+            pt.sample("d", dist.ProjectedNormal(torch.ones(3)))
+            pt.sample("g", dist.RelaxedOneHotCategorical(torch.tensor(0.5), logits=torch.zeros(2)))  # noqa: E501
+
+    config = {"d": ProjectedNormalReparam(), "g": GumbelSoftmaxReparam()}
+    tr = trace(seed(reparam(model, config=config), rng_seed=0)).get_trace()
+    for name, event in (("d_normal", 3), ("g_uniform", 2)):
+        assert tr[name].fn.batch_shape == (4,) and tr[name].fn.event_shape == (event,)
+    assert tr["d"].value.shape == (4, 3) and tr["g"].value.shape == (4, 2)
+    torch.testing.assert_close(tr["d"].value.norm(dim=-1), torch.ones(4))
