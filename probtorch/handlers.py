@@ -170,7 +170,8 @@ class Trace(OrderedDict):
         return {
             name: _named_site_log_prob(site, apply_scale=False)
             for name, site in self.sample_sites(observed=True).items()
-            if factors or not site.infer.get("is_auxiliary", False)
+            if (factors or not site.infer.get("is_auxiliary", False))
+            and not site.infer.get("prior_term", False)  # (a prior's factor: NeuTraReparam's)
         }
 
     @property

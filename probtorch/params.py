@@ -380,10 +380,15 @@ def fitted_store_of(fn: Callable) -> ParamStore | None:
         >>> fitted_store_of(lambda: None) is None
         True
     """
-    try:
-        return _FITTED_BY.get(fn)
-    except TypeError:
-        return None
+    for _ in range(16):  # through functools.wraps wrappers (NeuTraReparam's model)
+        try:
+            store = _FITTED_BY.get(fn)
+        except TypeError:
+            store = None
+        if store is not None or getattr(fn, "__wrapped__", None) is None:
+            return store
+        fn = fn.__wrapped__
+    return None
 
 
 def active_store() -> ParamStore:

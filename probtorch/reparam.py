@@ -186,10 +186,13 @@ class NeuTraReparam(Reparam):
     model's funnels and correlations.
 
     The original sites stay in the run as deterministic sites (as NumPyro's), so MCMC's
-    samples hold them. Their log densities and the Jacobians are ``pt.factor`` sites
-    (``f"_{name}_log_prob"``, in the site's plates, and
-    ``f"_{prefix}_shared_latent_log_det"``) that ``to_inference_data`` does not count in
-    the log likelihood.
+    samples hold them. Their log densities are ``pt.factor`` sites ``f"_{name}_log_prob"``
+    in the site's plates (scaled and masked as the site would be), and the Jacobians
+    (of ``T`` and of each site's map to its support; never scaled, as HMC's potential
+    has them) one factor ``f"_{prefix}_shared_latent_log_det"`` after the model. These
+    are prior terms: log likelihoods (``to_inference_data``, ``log_likelihood``) leave
+    them out. The model's own params are read as for the model itself (the store of the
+    SVI that fitted it).
 
     Args:
         guide: an ``AutoContinuous`` guide, set up (fitted).
@@ -244,20 +247,25 @@ class NeuTraReparam(Reparam):
         """``fn`` run on the guide's noise (see the class); without ``fn``, a decorator."""
         if fn is None:
             return self.reparam
+        from .params import fitted_scope
 
-        @functools.wraps(fn)
+        @functools.wraps(fn)  # (whose __wrapped__ finds the SVI store that fitted fn)
         def neutra_model(*args, **kwargs):
             z = sample(self.latent_name, self.base_dist.mask(False))
             x = self.transform(z)
-            _prior_factor(f"_{self.latent_name}_log_det", self.transform.log_abs_det_jacobian(z, x))
-            sites = _NeuTraSites(self.guide, self.guide.unpack(x))
-            result = handlers.reparam(fn, config=sites.config)(*args, **kwargs)
+            sites = _NeuTraSites(self.guide, self.guide.unpack(x, align=True))
+            with fitted_scope(fn):
+                result = handlers.reparam(fn, config=sites.config)(*args, **kwargs)
             if sites.unconstrained:
                 raise ValueError(
                     f"NeuTraReparam: the guide's latent sites {sorted(sites.unconstrained)} "
                     f"did not occur in this run of the model; the guide was set up on a "
                     f"model whose latent sites were {list(self.guide.latents)}"
                 )
+            log_det = self.transform.log_abs_det_jacobian(z, x)
+            for term in sites.log_dets:  # (summed over the site's own dims)
+                log_det = log_det + _sum_to(term, z.shape[:-1])
+            _prior_factor(f"_{self.latent_name}_log_det", log_det)
             return result
 
         return neutra_model
@@ -268,11 +276,35 @@ class NeuTraReparam(Reparam):
             "neutra.reparam(model), not site by site in a reparam config"
         )
 
-    def transform_sample(self, latent: torch.Tensor) -> dict[str, torch.Tensor]:
+    def transform_sample(self, latent: torch.Tensor, *args, **kwargs) -> dict[str, torch.Tensor]:
         """The model's latent sites for draws ``latent`` of the shared latent site
-        (``(..., latent_dim)``, e.g. ``mcmc.get_samples()[neutra.latent_name]``)."""
-        with torch.no_grad():
-            return self.guide._constrain(self.guide.unpack(self.transform(latent)))
+        (``(..., latent_dim)``, e.g. ``mcmc.get_samples()[neutra.latent_name]``).
+
+        The model runs on each draw (with ``args``/``kwargs``, by default the arguments
+        the guide was set up with), so a support that depends on other sites
+        (``Uniform(a, b)`` with a latent ``a``) maps each draw with its own bounds.
+        """
+        from .inference.predictive import Predictive
+
+        if not args and not kwargs:
+            args, kwargs = self.guide.prototype_args
+        batch = latent.shape[:-1]
+        flat = latent.detach().reshape((-1, latent.shape[-1]))
+        names = list(self.guide.latents)
+        predictive = Predictive(
+            self.reparam(self.guide.model), {self.latent_name: flat}, return_sites=names
+        )
+        draws = predictive(*args, seed=0, **kwargs)
+        return {name: draws[name].reshape(batch + draws[name].shape[1:]).detach() for name in names}
+
+
+def _sum_to(term: torch.Tensor, batch: torch.Size) -> torch.Tensor:
+    """``term`` summed over every dim but those of ``batch`` (draws batched at the left of
+    the plates, e.g. by ``Predictive``; aligned from the right, kept where not 1)."""
+    if term.dim() > len(batch):
+        term = term.sum(tuple(range(term.dim() - len(batch))))
+    dims = [i for i in range(-term.dim(), 0) if batch[i] == 1 and term.shape[i] != 1]
+    return term.sum(dims, keepdim=True) if dims else term
 
 
 def _prior_factor(name: str, log_factor: torch.Tensor) -> None:
@@ -283,16 +315,23 @@ def _prior_factor(name: str, log_factor: torch.Tensor) -> None:
 
 class _NeuTraSites:
     """One model run's sites computed from the warped shared latent (unconstrained values
-    by site name, each used once)."""
+    by site name, each used once), and the log Jacobians of their maps to their supports."""
 
     def __init__(self, guide, unconstrained: dict[str, torch.Tensor]):
         self.guide = guide
         self.unconstrained = unconstrained
+        self.log_dets: list[torch.Tensor] = []
 
     def config(self, msg):
-        if msg.name in self.guide.latents and not msg.is_observed:
-            return self._reparam
+        if msg.name in self.guide.latents:
+            return self._refuse_observed if msg.is_observed else self._reparam
         return None
+
+    def _refuse_observed(self, name, fn, obs):
+        raise ValueError(
+            f"NeuTraReparam: site {name!r} is observed in this run, but the guide was set up "
+            f"with it latent; NeuTraReparam draws latent sites only"
+        )
 
     def _reparam(self, name, fn, obs):
         from .inference.angles import unconstraining_transform
@@ -300,21 +339,22 @@ class _NeuTraSites:
         if name not in self.unconstrained:
             raise ValueError(f"NeuTraReparam: site {name!r} occurs twice in the model")
         unconstrained = self.unconstrained.pop(name)
-        transform = unconstraining_transform(fn)
-        value = transform(unconstrained)
+        site_shape = tuple(self.guide.latents[name].shape)
         shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
-        if tuple(value.shape[value.dim() - len(shape) :]) != shape:
+        # (dims left of the guide's shape: enumerated discrete parents, or draws batched
+        # by Predictive)
+        if len(shape) < len(site_shape) or shape[len(shape) - len(site_shape) :] != site_shape:
             raise ValueError(
                 f"NeuTraReparam: site {name!r} has shape {shape} ({type(fn).__name__}, "
                 f"batch {tuple(fn.batch_shape)}, event {tuple(fn.event_shape)}) in this run, "
-                f"but {tuple(value.shape)} when the guide was set up; fit a guide on the "
-                f"model with these arguments"
+                f"but {site_shape} when the guide was set up; fit a guide on the model with "
+                f"these arguments"
             )
+        transform = unconstraining_transform(fn)
+        value = transform(unconstrained)
         log_det = transform.log_abs_det_jacobian(unconstrained, value)
-        extra = log_det.dim() - (value.dim() - len(fn.event_shape))
-        if extra > 0:
-            log_det = log_det.reshape(log_det.shape[: log_det.dim() - extra] + (-1,)).sum(-1)
-        _prior_factor(f"_{name}_log_prob", fn.log_prob(value) + log_det)
+        self.log_dets.append(log_det)
+        _prior_factor(f"_{name}_log_prob", fn.log_prob(value))
         return None, value
 
 

@@ -558,6 +558,15 @@ def test_neutra_errors_name_what_is_wrong():
 
     with pytest.raises(ValueError, match=r"latent sites \['probs'\] did not occur"):
         trace(seed(neutra.reparam(no_probs), rng_seed=0)).get_trace(NEUTRA_Y)
+
+    def observed_s(y):
+        pt.sample("s", dist.LogNormal(0.0, 1.0), obs=torch.tensor(1.0))
+        with pt.plate("J", 3):
+            pt.sample("theta", dist.Normal(0.0, 1.0))
+        pt.sample("probs", dist.Dirichlet(torch.ones(3)))
+
+    with pytest.raises(ValueError, match=r"site 's' is observed in this run, but the guide"):
+        trace(seed(neutra.reparam(observed_s), rng_seed=0)).get_trace(NEUTRA_Y)
     with pytest.raises(TypeError, match=r"neutra.reparam\(model\)"):
         trace(seed(reparam(_neutra_model, config={"s": neutra}), rng_seed=0)).get_trace(NEUTRA_Y)
 
@@ -744,3 +753,138 @@ def test_noise_reparameterizers_in_a_plate():
         assert tr[name].fn.batch_shape == (4,) and tr[name].fn.event_shape == (event,)
     assert tr["d"].value.shape == (4, 3) and tr["g"].value.shape == (4, 2)
     torch.testing.assert_close(tr["d"].value.norm(dim=-1), torch.ones(4))
+
+
+def _tempered(y):
+    """A prior tempered by ``scale``, a masked latent, a support that depends on a latent."""
+    with pt.handlers.scale(scale=0.5):
+        s = pt.sample("s", dist.LogNormal(0.0, 1.0))
+    with pt.handlers.mask(mask=False):
+        pt.sample("w", dist.Gamma(2.0, 1.0))
+    a = pt.sample("a", dist.Normal(0.0, 1.0))
+    with pt.plate("J", 3):
+        b = pt.sample("b", dist.Uniform(a, a + 3.0))
+    with pt.plate("n", y.shape[0]):
+        pt.sample("y", dist.Normal(b.sum() * s, 1.0), obs=y)
+
+
+def _enumerated(y):
+    """A continuous latent whose distribution depends on an enumerated discrete site."""
+    c = pt.sample("c", dist.Bernoulli(0.3))
+    x = pt.sample("x", dist.Normal(torch.where(c > 0, 2.0, -2.0), 1.0))
+    with pt.plate("n", y.shape[0]):
+        pt.sample("y", dist.Normal(x, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("model", [_tempered, _enumerated], ids=lambda m: m.__name__)
+def test_neutra_potential_is_the_models_at_the_warped_point(model):
+    """HMC's potential of the NeuTra model at ``z`` is the model's own potential at the
+    unconstrained point ``T(z)`` minus ``log |det T'(z)|``: with a scaled (tempered) and a
+    masked latent (their log densities scaled and masked, their Jacobians not, as the
+    model's potential has them), a support depending on a latent (each draw's own
+    bounds), and a discrete site summed out of both."""
+    from probtorch.inference import Potential
+    from probtorch.inference.autoguide import AutoIAFNormal
+    from probtorch.reparam import NeuTraReparam
+
+    torch.manual_seed(0)
+    visible = pt.handlers.block(model, hide=["c"])  # (the guide leaves the discrete site)
+    guide = AutoIAFNormal(visible, hidden_dims=[6], num_transforms=2)
+    with pt.param_scope(pt.ParamStore()), seed(rng_seed=0):
+        guide(NEUTRA_Y)
+        neutra = NeuTraReparam(guide, dict(pt.get_param_store().items()) or None)
+    transform = neutra.transform
+    warped = Potential(neutra.reparam(model), (NEUTRA_Y,), compile=False)
+    plain = Potential(model, (NEUTRA_Y,), compile=False)
+    assert plain.dim == guide.latent_dim
+    z = torch.randn(4, guide.latent_dim, generator=torch.Generator().manual_seed(4))
+    u = transform(z)
+    expected = plain(u) - transform.log_abs_det_jacobian(z, u)
+    torch.testing.assert_close(warped(z), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_neutra_transform_sample_maps_each_draw_with_its_own_bounds():
+    """``transform_sample`` runs the model: ``b ~ Uniform(a, a + 3)`` with a latent ``a``
+    is mapped into each draw's own interval (the guide's recorded map used the bounds of
+    the set-up run: 9 of 50 draws fell outside), equal to what the run records."""
+    from probtorch.inference.autoguide import AutoMultivariateNormal
+    from probtorch.reparam import NeuTraReparam
+
+    torch.manual_seed(0)
+    guide = AutoMultivariateNormal(_tempered)
+    with pt.param_scope(pt.ParamStore()), seed(rng_seed=0):
+        guide(NEUTRA_Y)
+        neutra = NeuTraReparam(guide)
+    z = 2 * torch.randn(50, guide.latent_dim, generator=torch.Generator().manual_seed(5))
+    mapped = neutra.transform_sample(z)
+    a, b = mapped["a"], mapped["b"]
+    assert b.shape == (50, 3) and bool(((b > a[:, None]) & (b < a[:, None] + 3)).all())
+    tr = trace(substitute(neutra.reparam(_tempered), data={neutra.latent_name: z[7]}))
+    recorded = tr.get_trace(NEUTRA_Y)
+    for name in ("s", "w", "a", "b"):
+        torch.testing.assert_close(mapped[name][7], recorded[name].value, rtol=1e-12, atol=1e-12)
+
+
+def test_neutra_reads_the_params_the_svi_fitted_in_the_model():
+    """The model's own ``pt.param`` under NeuTra is the fitted one, as for the model
+    itself (it had read the initial value, 5.0, and written it into the default store)."""
+    from probtorch.inference import SVI, Potential, Trace_ELBO
+    from probtorch.inference.autoguide import AutoMultivariateNormal
+    from probtorch.reparam import NeuTraReparam
+
+    def model(y):
+        sigma = pt.param("sigma", torch.tensor(5.0), constraint=dist.constraints.positive)
+        mu = pt.sample("mu", dist.Normal(0.0, 10.0))
+        with pt.plate("n", y.shape[0]):
+            pt.sample("y", dist.Normal(mu, sigma), obs=y)
+
+    y = 3.0 + 0.5 * torch.randn(50, generator=torch.Generator().manual_seed(0))
+    guide = AutoMultivariateNormal(model)
+    svi = SVI(model, guide, pt.optim.Adam(lr=0.05), Trace_ELBO(), compile=False, seed=0)
+    result = svi.run(300, y, progress_bar=False)
+    fitted = float(result.params["sigma"])
+    assert abs(fitted - 0.5) < 0.15
+    neutra_model = NeuTraReparam(guide, result.params).reparam(model)
+    tr = trace(seed(neutra_model, rng_seed=0)).get_trace(y)
+    assert float(tr["sigma"].value) == pytest.approx(fitted)
+    assert "sigma" not in pt.get_param_store()
+    z = torch.zeros(1, 1)
+    plain = Potential(model, (y,), compile=False)
+    transform = guide.get_transform(result.params)
+    u = transform(z)
+    expected = plain(u) - transform.log_abs_det_jacobian(z, u)
+    torch.testing.assert_close(Potential(neutra_model, (y,), compile=False)(z), expected)
+
+
+def test_neutra_in_batched_predictions_and_log_likelihoods():
+    """``Predictive(parallel=True)`` batches the draws of a NeuTra model with a plated
+    site as those of one run each (the shared latent's batch dims are aligned with the
+    plates); ``log_likelihood`` leaves NeuTra's prior factors out, as
+    ``to_inference_data`` does."""
+    from probtorch.inference import Predictive, log_likelihood
+    from probtorch.inference.autoguide import AutoMultivariateNormal
+    from probtorch.reparam import NeuTraReparam
+
+    def plated(y):
+        s = pt.sample("s", dist.LogNormal(0.0, 1.0))
+        with pt.plate("J", 3):
+            theta = pt.sample("theta", dist.Normal(0.0, s))
+            pt.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+    y = NEUTRA_Y[:3]
+    torch.manual_seed(0)
+    guide = AutoMultivariateNormal(plated)
+    with pt.param_scope(pt.ParamStore()), seed(rng_seed=0):
+        guide(y)
+        neutra = NeuTraReparam(guide)
+    model = neutra.reparam(plated)
+    z = torch.randn(7, guide.latent_dim, generator=torch.Generator().manual_seed(6))
+    runs = {
+        parallel: Predictive(model, {neutra.latent_name: z}, parallel=parallel,
+                             return_sites=["s", "theta", "y"])(y, seed=0)
+        for parallel in (True, False)
+    }  # fmt: skip
+    for name in ("s", "theta"):
+        torch.testing.assert_close(runs[True][name], runs[False][name], rtol=1e-12, atol=1e-12)
+    assert runs[True]["theta"].shape == (7, 3) and runs[True]["y"].shape == (7, 3)
+    assert list(log_likelihood(model, {neutra.latent_name: z}, y)) == ["y"]

@@ -917,7 +917,11 @@ class Potential:
         tracer = trace()
         with factors, tracer, enumerate_:
             substitute(self.model, data=latent)(*self._args, **self._kwargs)
-        observed = list(tracer.trace.sample_sites(observed=True))  # factors included
+        observed = [  # factors included, but not a prior's (NeuTraReparam's)
+            name
+            for name, site in tracer.trace.sample_sites(observed=True).items()
+            if not site.infer.get("prior_term", False)
+        ]
         return pointwise_log_likelihood(factors.factors, observed, self.plate_nesting)
 
     def sample_discrete(

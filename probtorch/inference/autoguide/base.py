@@ -270,6 +270,7 @@ class AutoGuide:
         self.init_scale = float(init_scale)
         self.create_plates = create_plates
         self.prototype_trace: Trace | None = None
+        self.prototype_args: tuple = ((), {})
         # Subsampled plates whose indices the model takes from its arguments:
         # create_plates must give the guide those plates.
         self._subsample_given: dict[str, CondIndepStackFrame] = {}
@@ -299,6 +300,7 @@ class AutoGuide:
         with block(), param_scope(ParamStore()), torch_validation(False):
             tracer(*args, **kwargs)
         self.prototype_trace = tracer.trace
+        self.prototype_args = (args, kwargs)  # (NeuTraReparam.transform_sample reruns it)
         check_value_names(self.init_loc_fn, tracer.trace)
         latents = {}
         for name, site in tracer.trace.items():

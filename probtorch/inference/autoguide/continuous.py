@@ -481,6 +481,7 @@ class AutoLaplaceApproximation(AutoContinuous):
             self.model, prefix=self.prefix, init_loc_fn=self.init_loc_fn, init_scale=1.0
         )
         guide.prototype_trace = self.prototype_trace
+        guide.prototype_args = self.prototype_args
         guide.latents = dict(self.latents)
         guide._check_prototype()
         diagonal = scale_tril.diagonal()
