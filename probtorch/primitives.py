@@ -486,7 +486,10 @@ class plate(Messenger):
     Iterated, ``for i in pt.plate("groups", n):``, it is Pyro's sequential plate: the body
     runs once per index (a Python int), not vectorized, with the sites in it scaled by
     ``size / subsample_size``. The inference algorithms read no independence from it (no
-    batch dim, no frame): their results are those of the same loop without a plate.
+    batch dim, no frame): their results are those of the same loop without a plate; but
+    discrete sites summed out in one iteration reuse the dims of earlier iterations' (as
+    Pyro's), so that a loop over many sequences, each a ``pt.markov`` chain, fits in
+    torch's 64 dims. A site must then not read a summed-out site of another iteration.
     Subsampled, its sites' names (``f"z_{i}"``) change with the rows drawn: the ELBOs plan
     each run's sites anew where they run eagerly (``SVI(..., compile=False)``,
     ``elbo.loss``), and a compiled SVI step refuses it; a param in the loop must hold every
@@ -573,8 +576,8 @@ class plate(Messenger):
             if subsampled
             else nullcontext()
         )
-        for i in rows:
-            with scaled:
+        for k, i in enumerate(rows):
+            with scaled, _Iteration(self, k):
                 yield i
 
     @property
@@ -683,6 +686,21 @@ class plate(Messenger):
                 f"the subsample)"
             )
         return value.index_select(dim, self.indices) if self.selects_rows else value
+
+
+class _Iteration(Messenger):
+    """One iteration of an iterated plate, as a step of a ``markov`` loop with history 0
+    (its iterations are independent given what is outside the loop): discrete sites
+    summed out in one iteration reuse the dims of those in earlier ones (Pyro's
+    sequential plate around ``pyro.markov`` chains, one per sequence)."""
+
+    def __init__(self, loop: plate, step: int):
+        super().__init__()
+        self.frame = (loop, step, 0)
+
+    def process_message(self, msg: Message) -> None:
+        if msg.type == "sample":
+            msg.extra["markov"] = (self.frame,) + msg.extra.get("markov", ())
 
 
 class _looped_rows(scale):

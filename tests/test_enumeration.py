@@ -1216,3 +1216,82 @@ def test_infer_discrete_errors_and_a_model_without_discrete_sites():
 
     with pytest.warns(UserWarning, match="no discrete latent site"):
         assert float(infer_discrete(continuous)(y)) == float(y[0])
+
+
+def _hmm_log_likelihood(y, trans, loc):
+    """log p(y) of one chain by the forward algorithm: z_0 ~ trans[0], z_t ~ trans[z_{t-1}],
+    y_t ~ Normal(loc * z_t, 1)."""
+    from scipy import stats
+    from scipy.special import logsumexp
+
+    trans = np.log(trans)
+    alpha = None
+    for t, y_t in enumerate(y):
+        emit = stats.norm(loc * np.arange(2), 1.0).logpdf(y_t)
+        prior = trans[0] if t == 0 else logsumexp(alpha[:, None] + trans, axis=0)
+        alpha = prior + emit
+    return logsumexp(alpha)
+
+
+def test_sequences_of_markov_chains_in_an_iterated_plate_reuse_dims(float64):
+    """Pyro's ``examples/hmm.py`` model_0: ``for i in pt.plate("seqs", 40)`` around a
+    ``pt.markov`` chain per sequence. Each iteration's discrete sites reuse the dims of the
+    earlier iterations' (they had taken two new dims each: refused past 31 sequences);
+    the ELBO and the potential are the forward algorithm's, sequence by sequence. A plain
+    ``range`` loop gives no independence and is refused, the message naming the plate."""
+    from scipy import stats
+
+    num_seqs, length = 40, 3
+    y = torch.randn(length, num_seqs, generator=torch.Generator().manual_seed(0))
+    trans = torch.tensor([[0.8, 0.2], [0.3, 0.7]])
+
+    def model(loop):
+        loc = pt.sample("loc", dist.Normal(0.0, 1.0))
+        for i in loop("seqs", num_seqs):
+            z = 0
+            for t in pt.markov(range(length)):
+                z = pt.sample(f"z_{i}_{t}", dist.Categorical(trans[z]))
+                pt.sample(f"y_{i}_{t}", dist.Normal(loc * z, 1.0), obs=y[t, i])
+
+    loc = 0.3
+    exact = stats.norm.logpdf(loc) + sum(
+        _hmm_log_likelihood(y[:, i].numpy(), trans.numpy(), loc) for i in range(num_seqs)
+    )
+    guide = lambda loop: pt.sample("loc", dist.Delta(torch.tensor(loc)))  # noqa: E731
+    loss = TraceEnum_ELBO().loss(model, guide, pt.plate)
+    assert loss == pytest.approx(-exact, rel=1e-10)
+    potential = Potential(model, (pt.plate,), compile=False)
+    assert float(potential(torch.tensor([[loc]]))) == pytest.approx(-exact, rel=1e-10)
+    with pytest.raises(ValueError, match=r"for i in pt.plate\('sequences', N\)"):
+        TraceEnum_ELBO().loss(model, guide, lambda name, n: range(n))
+
+
+def test_a_scale_per_row_around_a_global_summed_out_site_is_refused(float64):
+    """A tensor ``pt.handlers.scale`` multiplies the log of a sum over discrete sites
+    elementwise: around a global summed-out site it had weighted every row by the sum of
+    the scales (a loss of -6 log p(y) for scales [1, 2, 3]); refused as by Pyro and by
+    probtorch's potential, naming the site. Inside the plate it is exact."""
+    y, locs = torch.tensor([-2.1, 0.3, 2.4]), torch.tensor([-1.8, 2.0])
+    weights = torch.tensor([1.0, 2.0, 3.0])
+
+    def model():
+        with pt.handlers.scale(scale=weights):
+            g = pt.sample("g", dist.Bernoulli(0.4))
+            with pt.plate("n", 3):
+                z = pt.sample("z", dist.Bernoulli(0.3 + 0.4 * g))
+                pt.sample("y", dist.Normal(locs[z.long()] + g, 1.0), obs=y)
+
+    with pytest.raises(ValueError, match=r"site 'g' has a pt.handlers.scale of shape \(3,\)"):
+        TraceEnum_ELBO().loss(model, lambda: None)
+
+    def local():
+        with pt.plate("n", 3), pt.handlers.scale(scale=weights):
+            z = pt.sample("z", dist.Bernoulli(0.3))
+            pt.sample("y", dist.Normal(locs[z.long()], 1.0), obs=y)
+
+    per_row = torch.logsumexp(
+        torch.stack([math.log(0.7) + dist.Normal(locs[0], 1.0).log_prob(y),
+                     math.log(0.3) + dist.Normal(locs[1], 1.0).log_prob(y)]), 0
+    )  # fmt: skip
+    expected = -float((weights * per_row).sum())
+    assert TraceEnum_ELBO().loss(local, lambda: None) == pytest.approx(expected, rel=1e-12)

@@ -181,7 +181,9 @@ class EnumerateSites(Messenger):
                 f"summed out, along dim {dim}; torch tensors have at most 64 dims (one of "
                 f"them for the chains). Each discrete site takes a dim of its own unless a "
                 f"loop over a chain's steps is written `for t in pt.markov(range(T)):` (its "
-                f"sites reuse the dims of earlier steps); or marginalize the chain in the "
+                f"sites reuse the dims of earlier steps) and a loop over independent "
+                f"sequences `for i in pt.plate('sequences', N):` (the sites of one reuse the "
+                f"dims of earlier ones; not `for i in range(N)`); or marginalize the chain in the "
                 f"model, e.g. with the DiscreteHMM distribution (one site for the whole "
                 f"chain) or a forward recursion in pt.factor"
             )
@@ -353,9 +355,36 @@ def _common_scale(factors: list[Factor], names: dict[int, str], indices) -> obje
                 f"(scale {_shown(scale)}) have different pt.handlers.scale but are summed over "
                 f"together with the discrete sites {summed}: the scale multiplies the log of "
                 f"that sum, so they must share it, as in Pyro. Put the scale handler around "
-                f"all of them (the discrete sites too), or scale by a subsampled plate"
+                f"all of them (the discrete sites too; a scale per element of a plate only "
+                f"inside that plate), or scale by a subsampled plate"
             )
+    _check_scale_in_plates(first, factors, {names[i] for i in indices})
     return first
+
+
+def _check_scale_in_plates(scale, factors: list[Factor], summed: set[str]) -> None:
+    """A scale per element (a tensor) multiplies the log of a sum over discrete sites
+    elementwise, so each summed-out site must lie in the plates along its dims (a global
+    site under a scale per row: its sum's log would be counted once per row, by every
+    row's weight)."""
+    if not isinstance(scale, torch.Tensor) or scale.dim() == 0:
+        return
+    dims = [d for d in range(-scale.dim(), 0) if scale.shape[d] != 1]
+    for factor in factors:
+        if factor.name not in summed:
+            continue
+        plate_dims = {dim for dim, _, _ in factor.plates.values()}
+        outside = [d for d in dims if d not in plate_dims]
+        if outside:
+            raise ValueError(
+                f"the summed-out discrete site {factor.name!r} has a pt.handlers.scale of "
+                f"shape {tuple(scale.shape)}, whose dims {outside} are none of its plates' "
+                f"({sorted(factor.plates) or 'none'}): the scale multiplies the log of the "
+                f"sum over that site elementwise, which a site outside the plate cannot "
+                f"take (Pyro refuses any tensor scale here). Scale the sites inside the "
+                f"plate only, with the discrete sites among them in the plate, or use a "
+                f"scalar scale"
+            )
 
 
 def _readable_scale(scale) -> bool:
